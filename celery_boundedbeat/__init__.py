@@ -1,0 +1,46 @@
+"""celery_boundedbeat: a Celery beat scheduler with bounded policies and SQL run history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .enums import MissedTicks, Mode, RunState
+from .exceptions import (
+    BoundedBeatError,
+    ConfigurationError,
+    DatabaseNotMigratedError,
+    NotInScheduledRunError,
+    UnknownScheduleError,
+)
+from .outbox import enqueue
+from .reports import RunRecord, ScheduleSnapshot, history, snapshot
+from .tracking import install, stop_schedule
+
+__all__ = [
+    "BoundedBeatError",
+    "ConfigurationError",
+    "DatabaseNotMigratedError",
+    "MissedTicks",
+    "Mode",
+    "NotInScheduledRunError",
+    "RunRecord",
+    "RunState",
+    "ScheduleSnapshot",
+    "Scheduler",
+    "UnknownScheduleError",
+    "enqueue",
+    "history",
+    "install",
+    "snapshot",
+    "stop_schedule",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily: `celery beat -S celery_boundedbeat.Scheduler` resolves it by name,
+    # and workers that only call install() never need the beat machinery.
+    if name == "Scheduler":
+        from .scheduler import Scheduler
+
+        return Scheduler
+    raise AttributeError(name)

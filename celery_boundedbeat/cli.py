@@ -1,0 +1,282 @@
+"""``celery -A proj boundedbeat ...``: migrate, status, history, pause, resume, trigger, purge, dispatch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+from celery import Celery
+
+from .engine import get_engine, safe_url
+from .enums import RunState
+from .exceptions import BoundedBeatError
+from .migrate import current_revision, head_revision, require_current, upgrade
+from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
+from .settings import Settings
+from .store import utcnow
+
+
+def _app(ctx: click.Context) -> Celery:
+    obj = ctx.find_object(object) if ctx.obj is None else ctx.obj
+    app = getattr(obj, "app", None)
+    if app is None:
+        raise click.UsageError("no Celery app: run it as `celery -A proj boundedbeat ...`")
+    return app  # type: ignore[no-any-return]
+
+
+def _settings(app: Celery) -> Settings:
+    try:
+        return Settings.from_conf(app.conf)
+    except BoundedBeatError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _ready(app: Celery) -> None:
+    settings = _settings(app)
+    try:
+        require_current(get_engine(settings.database_url), safe_url(settings.database_url))
+    except BoundedBeatError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise click.ClickException(
+            f"cannot reach the database {safe_url(settings.database_url)}: {type(exc).__name__}"
+        ) from None
+
+
+def _fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+@click.group(name="boundedbeat")
+@click.pass_context
+def boundedbeat(ctx: click.Context) -> None:
+    """celery_boundedbeat: schedules, run history and the DB-backed queue."""
+
+
+@boundedbeat.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the celery_boundedbeat tables (Alembic)."""
+    app = _app(ctx)
+    settings = _settings(app)
+    engine = get_engine(settings.database_url)
+    try:
+        before = current_revision(engine)
+        upgrade(engine)
+    except Exception as exc:
+        raise click.ClickException(
+            f"migration of {safe_url(settings.database_url)} failed: {type(exc).__name__}: {exc}".replace(
+                settings.database_url, safe_url(settings.database_url)
+            )
+        ) from None
+    head = head_revision()
+    if before == head:
+        click.echo(f"{safe_url(settings.database_url)} is up to date (revision {head})")
+    else:
+        click.echo(f"migrated {safe_url(settings.database_url)} from {before or 'empty'} to {head}")
+
+
+@boundedbeat.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """One row per schedule: state, next due time, counters."""
+    app = _app(ctx)
+    _ready(app)
+    snaps = snapshot(app)
+    if as_json:
+        click.echo(json.dumps([s.to_json() for s in snaps], indent=2))
+        return
+    if not snaps:
+        click.echo("no schedules yet (start beat with -S celery_boundedbeat.Scheduler)")
+        return
+    click.echo(
+        _table(
+            [
+                "NAME",
+                "MODE",
+                "STATE",
+                "NEXT DUE (UTC)",
+                "ACTIVE",
+                "PENDING",
+                "RUNS",
+                "FAILURES",
+                "SKIPS",
+                "OVERLAPS",
+                "LAST MS",
+            ],
+            [_status_row(s) for s in snaps],
+        )
+    )
+    holder = store_for(app).lease_holder("beat", utcnow())
+    click.echo(f"\nbeat lease: {holder[0] + ' until ' + _fmt_time(holder[1]) if holder else 'not held'}")
+
+
+def _status_row(s: ScheduleSnapshot) -> list[str]:
+    state = "paused" if s.paused else "stopped" if s.stopped else "running" if s.running else "idle"
+    return [
+        s.name,
+        s.mode,
+        state,
+        _fmt_time(s.next_due_at),
+        str(s.active_runs),
+        str(s.pending_runs),
+        str(s.runs),
+        str(s.failures),
+        str(s.skips),
+        str(s.overlaps),
+        "-" if s.last_elapsed_ms is None else str(s.last_elapsed_ms),
+    ]
+
+
+def _parse_since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        if value[-1:] in "smhd" and value[:-1].replace(".", "", 1).isdigit():
+            unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[value[-1]]
+            return utcnow() - timedelta(**{unit: float(value[:-1])})
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither an ISO 8601 time nor a duration like 30m, 2h, 7d", param_hint="--since"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@boundedbeat.command("history")
+@click.argument("name", required=False)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--state", type=click.Choice([s.value for s in RunState]), default=None)
+@click.option("--since", default=None, help="ISO 8601 time or a duration such as 30m, 2h, 7d.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_context
+def history_cmd(
+    ctx: click.Context, name: str | None, limit: int, state: str | None, since: str | None, as_json: bool
+) -> None:
+    """Runs, newest first."""
+    app = _app(ctx)
+    _ready(app)
+    since_at = _parse_since(since)
+    if name is not None and not snapshot(app, [name]) and not history(app, name=name, limit=1):
+        raise click.ClickException(f"no schedule named {name!r}")
+    runs = history(app, name=name, limit=limit, state=state, since=since_at)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in runs], indent=2))
+        return
+    click.echo(
+        _table(
+            ["ID", "SCHEDULE", "STATE", "SCHEDULED FOR (UTC)", "STARTED", "ELAPSED MS", "DRIFT MS", "ERROR"],
+            [_history_row(r) for r in runs],
+        )
+    )
+
+
+def _history_row(r: RunRecord) -> list[str]:
+    return [
+        r.id,
+        r.schedule,
+        r.state.value,
+        _fmt_time(r.scheduled_for),
+        _fmt_time(r.started_at),
+        "-" if r.elapsed_ms is None else str(r.elapsed_ms),
+        "-" if r.drift_ms is None else str(r.drift_ms),
+        (r.error or "")[:60],
+    ]
+
+
+def _named(ctx: click.Context, name: str, action: str, op: Any) -> None:
+    app = _app(ctx)
+    _ready(app)
+    if not op(store_for(app), name, utcnow()):
+        raise click.ClickException(f"no schedule named {name!r}")
+    click.echo(f"{name}: {action}")
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.pass_context
+def pause(ctx: click.Context, name: str) -> None:
+    """Stop emitting runs of NAME (active runs finish normally)."""
+    _named(ctx, name, "paused", lambda st, n, now: st.set_paused(n, True, now))
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.pass_context
+def resume(ctx: click.Context, name: str) -> None:
+    """Emit runs of NAME again (also lifts stop_schedule())."""
+    _named(ctx, name, "resumed", lambda st, n, now: st.set_paused(n, False, now))
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.pass_context
+def trigger(ctx: click.Context, name: str) -> None:
+    """Queue one run of NAME now, under its concurrency bound."""
+    _named(ctx, name, "triggered (runs as soon as a slot is free)", lambda st, n, now: st.trigger(n, now))
+
+
+@boundedbeat.command()
+@click.option("--older-than", "days", type=click.FloatRange(min=0), required=True, help="Age in days.")
+@click.pass_context
+def purge(ctx: click.Context, days: float) -> None:
+    """Delete settled runs that finished more than DAYS days ago."""
+    app = _app(ctx)
+    _ready(app)
+    deleted = store_for(app).purge(utcnow() - timedelta(days=days))
+    click.echo(f"deleted {deleted} run(s) finished more than {days:g} day(s) ago")
+
+
+@boundedbeat.command()
+@click.pass_context
+def dispatch(ctx: click.Context) -> None:
+    """Run a standalone dispatch worker for the DB-backed queue (scale-out)."""
+    from .dispatch import Dispatcher
+    from .notify import Listener
+    from .runtime import BackgroundLoop
+    from .store import QUEUE_CHANNEL, Store
+
+    app = _app(ctx)
+    _ready(app)
+    settings = _settings(app)
+    store = Store(get_engine(settings.database_url))
+    dispatcher = Dispatcher(app, store, settings)
+    loop = BackgroundLoop("boundedbeat-dispatch", dispatcher.run)
+    listener = None
+    if store.is_postgres:
+        listener = Listener(settings.database_url, [QUEUE_CHANNEL], lambda _c, _p: loop.wake())
+        listener.start()
+    stopping = {"flag": False}
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    click.echo(
+        f"boundedbeat dispatch {dispatcher.name}: draining {safe_url(settings.database_url)}", err=True
+    )
+    loop.start()
+    while not stopping["flag"] and loop.alive:
+        loop.shutdown.wait(0.5)
+    ok = loop.stop(settings.shutdown_grace)
+    if listener is not None:
+        listener.stop()
+    click.echo(f"boundedbeat dispatch stopped; published {dispatcher.published_total} message(s)", err=True)
+    sys.exit(0 if ok else 1)

@@ -1,0 +1,136 @@
+"""The dispatch worker: drains the DB-backed queue to the broker with adaptive backoff.
+
+Rows are claimed in batches (``SKIP LOCKED`` on PostgreSQL, so several dispatchers never
+publish a row twice); a claim expires so a dispatcher that died leaves nothing stuck. Every
+message is published with ``task_id = run id``: a re-publish after a crash is the same task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from kombu.utils.url import maybe_sanitize_url
+
+from .runtime import Iteration, run_dispatch_loop, run_recorded_iteration
+from .settings import Settings
+from .store import Claimed, Store, utcnow
+
+logger = logging.getLogger("celery_boundedbeat.dispatch")
+
+#: Retry policy for one publish: a short blip is retried, an outage fails fast to the backoff.
+PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
+
+
+class Dispatcher:
+    """Publishes queued rows. ``drain()`` is one iteration; ``run()`` is the loop."""
+
+    def __init__(
+        self,
+        app: Celery,
+        store: Store,
+        settings: Settings,
+        *,
+        may_run: Callable[[], bool] = lambda: True,
+        name: str | None = None,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.settings = settings
+        self.may_run = may_run
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.broker_down = False
+        self.published_total = 0
+        self._rng = random.Random()
+
+    def drain(self, shutdown: threading.Event | None = None) -> Iteration:
+        """Publish everything queued now (batch by batch); one recorded iteration."""
+        return run_recorded_iteration("dispatch", lambda: self._drain(shutdown), logger)
+
+    def _drain(self, shutdown: threading.Event | None) -> Iteration:
+        if not self.may_run():
+            return Iteration()
+        rejected = self.store.reject_unpublished(utcnow(), self.settings.publish_timeout, self._rng)
+        for settled in rejected:
+            logger.warning(
+                "celery_boundedbeat: run %s of %s rejected: not published within %g s",
+                settled.run_id,
+                settled.schedule,
+                self.settings.publish_timeout,
+            )
+        published = 0
+        while shutdown is None or not shutdown.is_set():
+            if not self.may_run():
+                break
+            batch = self.store.claim_batch(
+                self.name, utcnow(), self.settings.dispatch_batch_size, self.settings.dispatch_claim_timeout
+            )
+            if not batch:
+                break
+            done, error = self._publish(batch)
+            self.store.mark_published(self.name, done, utcnow())
+            published += len(done)
+            if error is not None:
+                self.store.release_claims(self.name, batch[len(done) :], error)
+                self._report_outage(error)
+                return Iteration(has_activity=bool(published), failed=True)
+            if len(batch) < self.settings.dispatch_batch_size:
+                break
+        if self.broker_down and published:
+            self.broker_down = False
+            logger.warning(
+                "celery_boundedbeat: broker %s is back; publishing resumed",
+                maybe_sanitize_url(self.app.conf.broker_url or ""),
+            )
+        self.published_total += published
+        return Iteration(has_activity=published > 0 or bool(rejected))
+
+    def _publish(self, batch: list[Claimed]) -> tuple[list[Claimed], str | None]:
+        done: list[Claimed] = []
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for row in batch:
+                    options: dict[str, Any] = dict(row.options)
+                    self.app.send_task(
+                        row.task,
+                        args=row.args,
+                        kwargs=row.kwargs,
+                        task_id=row.task_id,
+                        producer=producer,
+                        retry=True,
+                        retry_policy=PUBLISH_RETRY_POLICY,
+                        **options,
+                    )
+                    done.append(row)
+        except Exception as exc:
+            return done, f"{type(exc).__name__}: {exc}"
+        return done, None
+
+    def _report_outage(self, error: str) -> None:
+        if not self.broker_down:
+            self.broker_down = True
+            logger.error(
+                "celery_boundedbeat: cannot publish to broker %s (%s); runs stay queued in the "
+                "database and are published when it returns",
+                maybe_sanitize_url(self.app.conf.broker_url or ""),
+                error,
+            )
+        else:
+            logger.debug("celery_boundedbeat: broker still unavailable: %s", error)
+
+    def run(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
+        """The loop: drain at startup, then on wakeup or after the backoff sleep."""
+        run_dispatch_loop(
+            shutdown,
+            wakeup,
+            lambda: self.drain(shutdown),
+            lambda: self.settings.dispatch_interval,
+            lambda: self.settings.dispatch_max_interval,
+        )

@@ -1,0 +1,76 @@
+"""One SQLAlchemy engine per (process, URL): SQLite in WAL mode, PostgreSQL via psycopg 3."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+
+_engines: dict[tuple[int, str], Engine] = {}
+_lock = threading.Lock()
+
+
+def normalize_url(url: str) -> URL:
+    """Plain ``postgresql://`` URLs use psycopg 3, the driver this package depends on."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password masked, for banners, logs and errors."""
+    try:
+        return normalize_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable database URL>"
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy drive transactions and take the write lock at BEGIN, so two
+        # processes never deadlock upgrading a read lock (SQLite has one writer).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def get_engine(url: str) -> Engine:
+    """The engine for ``url`` in this process (a forked child gets its own)."""
+    key = (os.getpid(), url)
+    engine = _engines.get(key)
+    if engine is not None:
+        return engine
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            parsed = normalize_url(url)
+            if parsed.get_backend_name() == "sqlite":
+                engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+                _sqlite_setup(engine)
+            else:
+                engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            _engines[key] = engine
+        return engine
+
+
+def dispose_all() -> None:
+    """Forget engines inherited from a parent process (after fork) or at shutdown."""
+    with _lock:
+        for (pid, _url), engine in list(_engines.items()):
+            if pid == os.getpid():
+                engine.dispose()
+            else:
+                engine.dispose(close=False)
+        _engines.clear()

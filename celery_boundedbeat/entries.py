@@ -1,0 +1,160 @@
+"""Turn ``beat_schedule`` entries into validated :class:`EntrySpec` values.
+
+Every entry is checked before anything is emitted; all problems are collected so one
+failed start shows the user everything to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab, schedule, solar
+
+from .exceptions import ConfigurationError
+from .policy import CalendarTiming, EntrySpec, IntervalTiming, Problem, Timing, parse_policy
+
+#: Keys a ``beat_schedule`` entry may carry (Celery's own, plus ``policy``).
+ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
+
+
+def _crontab_next(cron: crontab) -> Any:
+    def next_after(t: datetime) -> datetime:
+        start, delta, _now = cron.remaining_delta(t.astimezone(cron.tz))
+        nxt: datetime = start + delta
+        return nxt.astimezone(UTC)
+
+    return next_after
+
+
+def _solar_next(sol: solar) -> Any:
+    def next_after(t: datetime) -> datetime:
+        now = datetime.now(UTC)
+        return (now + sol.remaining_estimate(t)).astimezone(UTC)
+
+    return next_after
+
+
+def timing_for(entry: str, value: Any) -> tuple[Timing | None, str, str, float | None, list[Problem]]:
+    """The grid of a Celery schedule value: (timing, kind, repr, period seconds, problems)."""
+    if isinstance(value, bool):
+        return (
+            None,
+            "",
+            "",
+            None,
+            [(entry, "schedule", f"must be seconds, a timedelta, crontab or solar, got {value!r}")],
+        )
+    period: float | None = None
+    if isinstance(value, int | float):
+        period = float(value)
+    elif isinstance(value, timedelta):
+        period = value.total_seconds()
+    elif isinstance(value, crontab):
+        return CalendarTiming(_crontab_next(value)), "crontab", repr(value), None, []
+    elif isinstance(value, solar):
+        return CalendarTiming(_solar_next(value)), "solar", repr(value), None, []
+    elif isinstance(value, schedule):
+        period = value.run_every.total_seconds()
+    else:
+        return (
+            None,
+            "",
+            "",
+            None,
+            [
+                (
+                    entry,
+                    "schedule",
+                    f"must be seconds, a timedelta, crontab or solar, got {type(value).__name__}",
+                )
+            ],
+        )
+    if not period or period <= 0 or period != period:
+        return None, "", "", None, [(entry, "schedule", f"period must be > 0 seconds, got {value!r}")]
+    return IntervalTiming(period), "interval", f"every {period:g}s", period, []
+
+
+def _json_problem(entry: str, key: str, value: Any) -> Problem | None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        return (entry, key, f"must be JSON-serializable to be stored in the queue ({exc})")
+    return None
+
+
+def parse_entry(
+    name: str, raw: Any, default_policy: Mapping[str, Any]
+) -> tuple[EntrySpec | None, list[Problem]]:
+    """Validate one entry; returns the spec or every problem found in it."""
+    if not isinstance(raw, Mapping):
+        return None, [(name, "entry", f"must be a dict, got {type(raw).__name__}")]
+    problems: list[Problem] = []
+    for key in sorted(set(raw) - ENTRY_KEYS):
+        problems.append((name, key, f"unknown entry key (known: {', '.join(sorted(ENTRY_KEYS))})"))
+    task = raw.get("task")
+    if not isinstance(task, str) or not task:
+        problems.append((name, "task", f"must be a task name string, got {task!r}"))
+    if "schedule" not in raw:
+        problems.append((name, "schedule", "is required"))
+        timing, kind, srepr, period = None, "interval", "", None
+    else:
+        timing, kind, srepr, period, found = timing_for(name, raw["schedule"])
+        problems.extend(found)
+    args = raw.get("args") or ()
+    if not isinstance(args, list | tuple):
+        problems.append((name, "args", f"must be a list or tuple, got {type(args).__name__}"))
+        args = ()
+    kwargs = raw.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        problems.append((name, "kwargs", f"must be a dict, got {type(kwargs).__name__}"))
+        kwargs = {}
+    options = dict(raw.get("options") or {}) if isinstance(raw.get("options") or {}, Mapping) else None
+    if options is None:
+        problems.append((name, "options", f"must be a dict, got {type(raw.get('options')).__name__}"))
+        options = {}
+    raw_policy = raw.get("policy")
+    if raw_policy is None and "policy" in options:
+        raw_policy = options.pop("policy")  # app.add_periodic_task(..., policy={...})
+    for key, value in (("args", list(args)), ("kwargs", dict(kwargs)), ("options", options)):
+        problem = _json_problem(name, key, value)
+        if problem:
+            problems.append(problem)
+    policy, found = parse_policy(name, raw_policy, default_policy, schedule_kind=kind or "interval")
+    problems.extend(found)
+    if problems or policy is None or timing is None or not isinstance(task, str):
+        return None, problems
+    return (
+        EntrySpec(
+            name=name,
+            task=task,
+            policy=policy,
+            timing=timing,
+            schedule_repr=srepr,
+            period=period,
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            options=options,
+        ),
+        [],
+    )
+
+
+def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, EntrySpec]:
+    """Every configured entry, validated; raises :class:`ConfigurationError` listing all problems."""
+    entries = app.conf.beat_schedule or {}
+    problems: list[Problem] = []
+    _, found = parse_policy("boundedbeat_default_policy", {}, default_policy)
+    problems.extend(found)
+    specs: dict[str, EntrySpec] = {}
+    for name, raw in entries.items():
+        spec, found = parse_entry(str(name), raw, default_policy if not found else {})
+        problems.extend(found)
+        if spec is not None:
+            specs[spec.name] = spec
+    if problems:
+        raise ConfigurationError(problems)
+    return specs

@@ -1,0 +1,64 @@
+"""Enumerations whose values are the strings of the public contract."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """How a schedule's runs are timed."""
+
+    #: Next run is due ``period`` after the previous run finished; at most one active run.
+    FIXED_DELAY = "fixed_delay"
+    #: Runs tick on the schedule's grid; at most one active run.
+    FIXED_RATE_NO_OVERLAP = "fixed_rate_no_overlap"
+    #: Runs tick on the schedule's grid; at most ``max_concurrency`` active runs.
+    FIXED_RATE = "fixed_rate"
+
+
+class MissedTicks(StrEnum):
+    """What happens to a tick that finds every slot busy."""
+
+    #: Drop it (counted in ``skips``).
+    SKIP = "skip"
+    #: Keep at most one pending run, the latest tick.
+    COALESCE_LATEST = "coalesce_latest"
+    #: Keep at most ``max_pending`` pending runs, oldest first.
+    CATCH_UP = "catch_up"
+
+
+class RunState(StrEnum):
+    """The life of one run; exactly one terminal state per run."""
+
+    #: Written to the DB-backed queue, not yet handed to the broker.
+    QUEUED = "queued"
+    #: Accepted by the broker.
+    PUBLISHED = "published"
+    #: A worker began executing it (a Celery retry keeps it here).
+    STARTED = "started"
+    #: Returned normally (also after ``stop_schedule()``).
+    COMPLETED = "completed"
+    #: Raised; the error text is kept.
+    FAILED = "failed"
+    #: Ran past ``max_run_time``.
+    TIMED_OUT = "timed_out"
+    #: Revoked or terminated.
+    REVOKED = "revoked"
+    #: Could not be published, expired, or was rejected before it started.
+    REJECTED = "rejected"
+    #: Its worker died (heartbeats stopped).
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has settled."""
+        return self not in _ACTIVE
+
+    @property
+    def counts_as_failure(self) -> bool:
+        """Whether settling in this state increments ``failures`` (else ``runs``)."""
+        return self.terminal and self is not RunState.COMPLETED
+
+
+_ACTIVE = frozenset({RunState.QUEUED, RunState.PUBLISHED, RunState.STARTED})
+ACTIVE_STATES: frozenset[RunState] = _ACTIVE

@@ -1,0 +1,188 @@
+"""Background-loop building blocks from runtime.rs: backoff, jitter, recorded iterations.
+
+Pure timing decisions live in small classes and functions that take durations and return
+durations, so they are tested with plain numbers instead of sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+#: After a failed drain the loop never polls faster than this (seconds).
+ERROR_BACKOFF_FLOOR = 5.0
+#: A zero interval would hot-spin the loop and the database; it is raised to this.
+MIN_INTERVAL = 1.0
+
+
+class Trigger(Enum):
+    """Why a dispatch iteration runs."""
+
+    STARTUP = "startup"
+    TIMER = "timer"
+    WAKEUP = "wakeup"
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    """What one drain did: published something, nothing, or failed."""
+
+    has_activity: bool = False
+    failed: bool = False
+
+
+def effective_base_interval(base: float) -> float:
+    """Zero means one second (a floor against hot-spinning)."""
+    return MIN_INTERVAL if base <= 0 else base
+
+
+def effective_max_interval(base: float, maximum: float) -> float:
+    """The cap is never below the base."""
+    return max(maximum, effective_base_interval(base))
+
+
+class DispatchBackoff:
+    """Adaptive idle backoff of a dispatch loop (``BackgroundTaskDispatchBackoff``).
+
+    Idle drains double the sleep up to the max; activity or a wakeup resets it to the base;
+    an error sleeps ``max(base, 5 s)`` so a failing broker is not hammered.
+    """
+
+    def __init__(self, base: float, maximum: float) -> None:
+        self.idle_interval = effective_base_interval(base)
+        self.last_error = False
+
+    def sleep_duration(self, base: float, maximum: float) -> float:
+        """Seconds to wait before the next drain."""
+        base = effective_base_interval(base)
+        maximum = effective_max_interval(base, maximum)
+        if self.last_error:
+            return max(base, ERROR_BACKOFF_FLOOR)
+        return min(max(self.idle_interval, base), maximum)
+
+    def record(self, trigger: Trigger, iteration: Iteration, base: float, maximum: float) -> None:
+        """Update the state after one drain."""
+        base = effective_base_interval(base)
+        maximum = effective_max_interval(base, maximum)
+        if iteration.failed:
+            self.idle_interval = base
+            self.last_error = True
+            return
+        if iteration.has_activity or trigger is Trigger.WAKEUP:
+            self.idle_interval = base
+            self.last_error = False
+            return
+        self.idle_interval = min(max(self.idle_interval, base) * 2, maximum)
+        self.last_error = False
+
+
+def effective_jitter_cap(interval: float, cap: float) -> float:
+    """Jitter never exceeds a tenth of the interval (``effective_jitter_cap``)."""
+    return max(0.0, min(cap, interval / 10.0))
+
+
+def periodic_sleep_duration(
+    interval: float, jitter_cap: float | None, rng: random.Random | None = None
+) -> float:
+    """``interval`` (zero floors to 1 s) plus uniform jitter in ``[0, min(cap, interval/10)]``."""
+    interval = MIN_INTERVAL if interval <= 0 else interval
+    if jitter_cap is None:
+        return interval
+    cap = effective_jitter_cap(interval, jitter_cap)
+    if cap <= 0:
+        return interval
+    return interval + (rng or random).uniform(0.0, cap)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """One recorded loop iteration (``run_recorded_task_iteration``)."""
+
+    name: str
+    started_at: float
+    finished_at: float
+    error: str | None
+
+
+def run_recorded_iteration(
+    name: str,
+    body: Callable[[], Iteration],
+    logger: logging.Logger,
+    record: Callable[[IterationRecord], None] | None = None,
+) -> Iteration:
+    """Run one iteration; an exception is logged with its traceback, recorded, and survived."""
+    started = time.time()
+    error: str | None = None
+    try:
+        result = body()
+    except Exception as exc:
+        logger.exception("celery_boundedbeat: %s iteration failed", name)
+        error = f"{type(exc).__name__}: {exc}"
+        result = Iteration(failed=True)
+    if record is not None:
+        try:
+            record(IterationRecord(name=name, started_at=started, finished_at=time.time(), error=error))
+        except Exception:
+            logger.exception("celery_boundedbeat: could not record %s iteration", name)
+    return result
+
+
+class BackgroundLoop:
+    """A daemon thread running a wakeable loop with a cooperative stop and a grace period.
+
+    Mirrors ``BackgroundTasks``: ``stop()`` sets the shutdown flag, wakes the loop and
+    joins it for ``grace`` seconds; a loop that does not finish in time is abandoned (it
+    is a daemon thread, so it cannot keep the process alive).
+    """
+
+    def __init__(self, name: str, target: Callable[[threading.Event, threading.Event], None]) -> None:
+        self.name = name
+        self.shutdown = threading.Event()
+        self.wakeup = threading.Event()
+        self._thread = threading.Thread(
+            target=target, args=(self.shutdown, self.wakeup), name=name, daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    def stop(self, grace: float) -> bool:
+        """Ask the loop to stop; returns whether it ended within ``grace`` seconds."""
+        self.shutdown.set()
+        self.wakeup.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(grace)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def run_dispatch_loop(
+    shutdown: threading.Event,
+    wakeup: threading.Event,
+    drain: Callable[[], Iteration],
+    base: Callable[[], float],
+    maximum: Callable[[], float],
+) -> None:
+    """``run_dispatch_worker``: drain at startup, then on timer or wakeup, with backoff."""
+    backoff = DispatchBackoff(base(), maximum())
+    if shutdown.is_set():
+        return
+    backoff.record(Trigger.STARTUP, drain(), base(), maximum())
+    while not shutdown.is_set():
+        woke = wakeup.wait(backoff.sleep_duration(base(), maximum()))
+        if shutdown.is_set():
+            break
+        wakeup.clear()
+        trigger = Trigger.WAKEUP if woke else Trigger.TIMER
+        backoff.record(trigger, drain(), base(), maximum())

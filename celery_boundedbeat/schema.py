@@ -1,0 +1,185 @@
+"""The SQL tables (CONTRACT §7). Column names here are a public, stable contract."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+#: Alembic keeps its own version table so ours never collides with the application's.
+VERSION_TABLE = "boundedbeat_alembic_version"
+
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive UTC text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("celery_boundedbeat stores only timezone-aware datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+        return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class ScheduleRow(Base):
+    """One schedule: its policy, counters, and the times the beat must look at it."""
+
+    __tablename__ = "boundedbeat_schedules"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    task: Mapped[str] = mapped_column(String(255))
+    mode: Mapped[str] = mapped_column(String(32))
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    schedule: Mapped[str] = mapped_column(String(500))
+    period: Mapped[float | None] = mapped_column(Float, nullable=True)
+    args: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    origin: Mapped[str] = mapped_column(String(16), default="config")
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    stopped: Mapped[bool] = mapped_column(Boolean, default=False)
+    active_runs: Mapped[int] = mapped_column(Integer, default=0)
+    pending_runs: Mapped[int] = mapped_column(Integer, default=0)
+    pending: Mapped[list[str]] = mapped_column(JSON, default=list)
+    runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    skips: Mapped[int] = mapped_column(BigInteger, default=0)
+    overlaps: Mapped[int] = mapped_column(BigInteger, default=0)
+    failures: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_drift_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_elapsed_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_elapsed_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    grid_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    next_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    last_finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RunRow(Base):
+    """One emitted run and its whole life; ``(schedule, scheduled_for)`` is emitted once."""
+
+    __tablename__ = "boundedbeat_runs"
+    __table_args__ = (
+        UniqueConstraint("schedule", "scheduled_for"),
+        Index("ix_boundedbeat_runs_state_started_at", "state", "started_at"),
+        Index("ix_boundedbeat_runs_finished_at", "finished_at"),
+        Index("ix_boundedbeat_runs_enqueued_at", "enqueued_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    schedule: Mapped[str] = mapped_column(String(200))
+    task: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    scheduled_for: Mapped[datetime] = mapped_column(UTCDateTime)
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    elapsed_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    drift_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: Internal: the worker process (``host:pid``) whose heartbeat vouches for this run.
+    process: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    #: Internal: when the run passes ``max_run_time`` (set when it starts).
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class QueueRow(Base):
+    """A message waiting to be published (the DB-backed queue / transactional outbox)."""
+
+    __tablename__ = "boundedbeat_queue"
+    __table_args__ = (Index("ix_boundedbeat_queue_due_at_id", "due_at", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str | None] = mapped_column(String(36), nullable=True, unique=True)
+    task_id: Mapped[str] = mapped_column(String(36))
+    task: Mapped[str] = mapped_column(String(255))
+    args: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    due_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    claimed_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class LeaseRow(Base):
+    """The beat leader lease: only its holder ticks, dispatches and reaps."""
+
+    __tablename__ = "boundedbeat_leases"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    renewed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class WorkerRow(Base):
+    """A worker process's heartbeat: one row per process, refreshed while it runs tasks."""
+
+    __tablename__ = "boundedbeat_workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class IterationRow(Base):
+    """A failed background-loop iteration, kept for operators (``run_recorded_task_iteration``)."""
+
+    __tablename__ = "boundedbeat_iterations"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    loop: Mapped[str] = mapped_column(String(64))
+    holder: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+metadata = Base.metadata

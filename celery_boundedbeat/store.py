@@ -1,0 +1,729 @@
+"""Every SQL state change, one method per change, one transaction each.
+
+Transitions are guarded by ``WHERE state = <expected>`` and checked by row count, so a
+duplicate or late signal can never settle a run twice (SQLite ignores ``FOR UPDATE``;
+correctness comes from the guards and the unique ``(schedule, scheduled_for)`` key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, delete, func, insert, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from .enums import ACTIVE_STATES, Mode, RunState
+from .policy import EntrySpec, Policy, ScheduleState, TickOutcome, initial_state, on_due, on_settle
+from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
+
+logger = logging.getLogger("celery_boundedbeat")
+
+#: PostgreSQL NOTIFY channels: a run settled (payload: schedule name); a queue row was added.
+SETTLED_CHANNEL = "boundedbeat_settled"
+QUEUE_CHANNEL = "boundedbeat_queue"
+
+#: Header names put on every message so workers recognise a scheduled run.
+RUN_HEADER = "boundedbeat_run"
+SCHEDULE_HEADER = "boundedbeat_schedule"
+MAX_RUN_TIME_HEADER = "boundedbeat_max_run_time"
+
+_ACTIVE = [s.value for s in ACTIVE_STATES]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def config_hash(spec: EntrySpec) -> str:
+    """A cheap change marker for a configured entry (reconciled at beat start)."""
+    payload = json.dumps(
+        [
+            spec.task,
+            spec.schedule_repr,
+            spec.policy.to_json(),
+            list(spec.args),
+            dict(spec.kwargs),
+            dict(spec.options),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _state_of(row: ScheduleRow) -> ScheduleState:
+    return ScheduleState(
+        active_runs=row.active_runs,
+        pending=tuple(datetime.fromisoformat(p) for p in (row.pending or [])),
+        grid_at=row.grid_at,
+        next_due_at=row.next_due_at,
+        runs=row.runs,
+        skips=row.skips,
+        overlaps=row.overlaps,
+        failures=row.failures,
+        last_drift_ms=row.last_drift_ms,
+        last_elapsed_ms=row.last_elapsed_ms,
+        max_elapsed_ms=row.max_elapsed_ms,
+        stopped=row.stopped,
+    )
+
+
+def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
+    row.active_runs = state.active_runs
+    row.pending = [p.isoformat() for p in state.pending]
+    row.pending_runs = len(state.pending)
+    row.grid_at = state.grid_at
+    row.next_due_at = state.next_due_at
+    row.runs = state.runs
+    row.skips = state.skips
+    row.overlaps = state.overlaps
+    row.failures = state.failures
+    row.last_drift_ms = state.last_drift_ms
+    row.last_elapsed_ms = state.last_elapsed_ms
+    row.max_elapsed_ms = state.max_elapsed_ms
+    row.stopped = state.stopped
+    row.updated_at = now
+
+
+def message_options(
+    spec_options: Mapping[str, Any], policy: Policy, run_id: str, schedule: str
+) -> dict[str, Any]:
+    """Publish options of one run: the entry's options, our headers and time limits."""
+    options = dict(spec_options)
+    headers = dict(options.pop("headers", None) or {})
+    headers[RUN_HEADER] = run_id
+    headers[SCHEDULE_HEADER] = schedule
+    if policy.max_run_time is not None:
+        headers[MAX_RUN_TIME_HEADER] = policy.max_run_time
+        # The soft limit lets the task clean up; the hard limit follows a little later.
+        options.setdefault("soft_time_limit", policy.max_run_time)
+        options.setdefault("time_limit", policy.max_run_time + max(1.0, policy.max_run_time * 0.1))
+    options["headers"] = headers
+    return options
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmittedRun:
+    """A run written by a tick (for logs)."""
+
+    id: str
+    schedule: str
+    scheduled_for: datetime
+    drift_ms: int
+    overlap: bool
+
+
+@dataclass(kw_only=True, slots=True)
+class TickResult:
+    """What one tick transaction did."""
+
+    emitted: list[EmittedRun] = field(default_factory=list)
+    outcomes: dict[str, TickOutcome] = field(default_factory=dict)
+    next_due_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claimed:
+    """A queue row claimed for publishing."""
+
+    id: int
+    run_id: str | None
+    task_id: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    due_at: datetime
+    enqueued_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settled:
+    """A run that this call settled (``None`` is returned when it was already settled)."""
+
+    run_id: str
+    schedule: str
+    state: RunState
+    elapsed_ms: int | None
+
+
+class Store:
+    """The state database. Stateless apart from the engine; safe to share between threads."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.is_postgres = engine.dialect.name == "postgresql"
+        #: Without LISTEN/NOTIFY, completions are noticed by polling.
+        self.is_sqlite_like = not self.is_postgres
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: commit on success, roll back on any error."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def _notify(self, session: Session, channel: str, payload: str = "") -> None:
+        if self.is_postgres:
+            session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+
+    # -- schedules -----------------------------------------------------------------
+
+    def sync_config(self, specs: Iterable[EntrySpec], now: datetime, rng: random.Random) -> None:
+        """Reconcile configured entries with their rows: add new, update changed, drop removed.
+
+        Counters, the grid and pause/stop flags of an unchanged entry survive restarts, so
+        ticks missed while beat was down are handled by the entry's policy.
+        """
+        specs = list(specs)
+        names = {s.name for s in specs}
+        with self.session() as s:
+            rows = (
+                {r.name: r for r in s.scalars(select(ScheduleRow).where(ScheduleRow.name.in_(names)))}
+                if names
+                else {}
+            )
+            for spec in specs:
+                digest = config_hash(spec)
+                row = rows.get(spec.name)
+                if row is None:
+                    row = ScheduleRow(
+                        name=spec.name,
+                        origin="config",
+                        paused=False,
+                        stopped=False,
+                        runs=0,
+                        skips=0,
+                        overlaps=0,
+                        failures=0,
+                        active_runs=0,
+                        pending_runs=0,
+                        pending=[],
+                        created_at=now,
+                    )
+                    s.add(row)
+                    _apply_state(row, initial_state(spec.policy, spec.timing, now, rng), now)
+                elif row.config_hash != digest:
+                    old_policy = Policy.from_json(row.policy)
+                    timing_changed = row.schedule != spec.schedule_repr or old_policy.mode != spec.policy.mode
+                    if timing_changed:
+                        fresh = initial_state(spec.policy, spec.timing, now, rng)
+                        row.grid_at = fresh.grid_at
+                        if row.active_runs == 0 or spec.policy.mode is not Mode.FIXED_DELAY:
+                            row.next_due_at = fresh.next_due_at
+                    row.updated_at = now
+                elif row.next_due_at is None and not row.stopped and row.active_runs == 0:
+                    # A fixed-delay schedule whose run was settled while no period was known.
+                    row.next_due_at = initial_state(spec.policy, spec.timing, now, rng).next_due_at
+                row.task = spec.task
+                row.mode = spec.policy.mode.value
+                row.policy = spec.policy.to_json()
+                row.schedule = spec.schedule_repr
+                row.period = spec.period
+                row.args = list(spec.args)
+                row.kwargs = dict(spec.kwargs)
+                row.options = dict(spec.options)
+                row.config_hash = digest
+                row.origin = "config"
+            stale = select(ScheduleRow.name).where(ScheduleRow.origin == "config")
+            if names:
+                stale = stale.where(ScheduleRow.name.not_in(names))
+            gone = list(s.scalars(stale))
+            if gone:
+                s.execute(delete(ScheduleRow).where(ScheduleRow.name.in_(gone)))
+                logger.info("celery_boundedbeat: removed schedules no longer configured: %s", ", ".join(gone))
+
+    def tick(
+        self, specs: Mapping[str, EntrySpec], now: datetime, rng: random.Random, limit: int
+    ) -> TickResult:
+        """Handle every due schedule in one transaction: reserve slots, write runs and queue rows."""
+        result = TickResult()
+        with self.session() as s:
+            query = (
+                select(ScheduleRow)
+                .where(
+                    ScheduleRow.next_due_at <= now,
+                    ScheduleRow.paused.is_(False),
+                    ScheduleRow.stopped.is_(False),
+                )
+                .order_by(ScheduleRow.next_due_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+            run_rows: list[dict[str, Any]] = []
+            queue_rows: list[dict[str, Any]] = []
+            for row in s.scalars(query):
+                spec = specs.get(row.name)
+                if spec is None:
+                    # Not ours to emit (a schedule this beat has no definition for).
+                    continue
+                outcome = on_due(spec.policy, spec.timing, _state_of(row), now, rng)
+                _apply_state(row, outcome.state, now)
+                result.outcomes[row.name] = outcome
+                for emission in outcome.emit:
+                    run_id = str(uuid.uuid4())
+                    run_rows.append(
+                        {
+                            "id": run_id,
+                            "schedule": row.name,
+                            "task": spec.task,
+                            "state": RunState.QUEUED.value,
+                            "scheduled_for": emission.scheduled_for,
+                            "enqueued_at": now,
+                            "drift_ms": emission.drift_ms,
+                        }
+                    )
+                    queue_rows.append(
+                        {
+                            "run_id": run_id,
+                            "task_id": run_id,
+                            "task": spec.task,
+                            "args": list(spec.args),
+                            "kwargs": dict(spec.kwargs),
+                            "options": message_options(spec.options, spec.policy, run_id, row.name),
+                            "due_at": emission.scheduled_for,
+                            "enqueued_at": now,
+                            "attempts": 0,
+                        }
+                    )
+                    result.emitted.append(
+                        EmittedRun(
+                            id=run_id,
+                            schedule=row.name,
+                            scheduled_for=emission.scheduled_for,
+                            drift_ms=emission.drift_ms,
+                            overlap=emission.overlap,
+                        )
+                    )
+            s.flush()
+            if run_rows:
+                s.execute(insert(RunRow), run_rows)
+                s.execute(insert(QueueRow), queue_rows)
+                self._notify(s, QUEUE_CHANNEL)
+            result.next_due_at = self._next_due(s)
+        return result
+
+    def _next_due(self, s: Session) -> datetime | None:
+        return s.scalar(
+            select(func.min(ScheduleRow.next_due_at)).where(
+                ScheduleRow.paused.is_(False), ScheduleRow.stopped.is_(False)
+            )
+        )
+
+    def next_due_at(self) -> datetime | None:
+        """When the earliest schedule is due (an index lookup, not a scan)."""
+        with self.session() as s:
+            return self._next_due(s)
+
+    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
+        """Pause or resume; resume also lifts ``stop_schedule()``. False if unknown."""
+        with self.session() as s:
+            row = s.get(ScheduleRow, name, with_for_update=True)
+            if row is None:
+                return False
+            row.paused = paused
+            if not paused:
+                policy = Policy.from_json(row.policy)
+                row.stopped = False
+                if policy.mode is Mode.FIXED_DELAY:
+                    if row.active_runs == 0:
+                        row.next_due_at = now
+                elif row.grid_at is not None and row.grid_at < now and row.period:
+                    # Ticks passed while paused are not missed ticks: rejoin the grid.
+                    period = timedelta(seconds=row.period)
+                    behind = (now - row.grid_at) // period
+                    row.grid_at = row.grid_at + period * (behind + 1)
+                    row.next_due_at = row.grid_at
+                elif row.grid_at is not None:
+                    row.next_due_at = max(row.grid_at, row.next_due_at or row.grid_at)
+                if row.pending:
+                    row.next_due_at = now
+            row.updated_at = now
+            self._notify(s, SETTLED_CHANNEL, name)
+            return True
+
+    def trigger(self, name: str, now: datetime) -> bool:
+        """Ask for one extra run now; beat starts it as soon as a slot is free."""
+        with self.session() as s:
+            row = s.get(ScheduleRow, name, with_for_update=True)
+            if row is None:
+                return False
+            pending = list(row.pending or [])
+            pending.append(now.isoformat())
+            row.pending = pending
+            row.pending_runs = len(pending)
+            row.next_due_at = now if row.next_due_at is None else min(row.next_due_at, now)
+            row.updated_at = now
+            self._notify(s, SETTLED_CHANNEL, name)
+            return True
+
+    # -- queue -----------------------------------------------------------------------
+
+    def claim_batch(self, claimer: str, now: datetime, limit: int, claim_timeout: float) -> list[Claimed]:
+        """Claim up to ``limit`` unclaimed (or abandoned) rows, oldest due first."""
+        with self.session() as s:
+            ids = list(
+                s.scalars(
+                    select(QueueRow.id)
+                    .where(or_(QueueRow.claimed_until.is_(None), QueueRow.claimed_until < now))
+                    .order_by(QueueRow.due_at, QueueRow.id)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            if not ids:
+                return []
+            s.execute(
+                update(QueueRow)
+                .where(QueueRow.id.in_(ids))
+                .values(
+                    claimed_by=claimer,
+                    claimed_until=now + timedelta(seconds=claim_timeout),
+                    attempts=QueueRow.attempts + 1,
+                )
+            )
+            rows = s.scalars(
+                select(QueueRow).where(QueueRow.id.in_(ids)).order_by(QueueRow.due_at, QueueRow.id)
+            )
+            return [
+                Claimed(
+                    id=r.id,
+                    run_id=r.run_id,
+                    task_id=r.task_id,
+                    task=r.task,
+                    args=list(r.args or []),
+                    kwargs=dict(r.kwargs or {}),
+                    options=dict(r.options or {}),
+                    due_at=r.due_at,
+                    enqueued_at=r.enqueued_at,
+                )
+                for r in rows
+            ]
+
+    def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
+        """The broker accepted these: drop them from the queue, stamp ``published_at`` once."""
+        if not rows:
+            return
+        ids = [r.id for r in rows]
+        run_ids = [r.run_id for r in rows if r.run_id]
+        with self.session() as s:
+            s.execute(delete(QueueRow).where(QueueRow.id.in_(ids), QueueRow.claimed_by == claimer))
+            if run_ids:
+                s.execute(
+                    update(RunRow)
+                    .where(RunRow.id.in_(run_ids), RunRow.published_at.is_(None))
+                    .values(published_at=now)
+                )
+                s.execute(
+                    update(RunRow)
+                    .where(RunRow.id.in_(run_ids), RunRow.state == RunState.QUEUED.value)
+                    .values(state=RunState.PUBLISHED.value)
+                )
+
+    def release_claims(self, claimer: str, rows: Sequence[Claimed], error: str) -> None:
+        """Put rows back for the next attempt (the broker refused them)."""
+        if not rows:
+            return
+        with self.session() as s:
+            s.execute(
+                update(QueueRow)
+                .where(QueueRow.id.in_([r.id for r in rows]), QueueRow.claimed_by == claimer)
+                .values(claimed_by=None, claimed_until=None, last_error=error[:2000])
+            )
+
+    def queue_depth(self) -> int:
+        with self.session() as s:
+            return int(s.scalar(select(func.count()).select_from(QueueRow)) or 0)
+
+    def reject_unpublished(self, now: datetime, publish_timeout: float, rng: random.Random) -> list[Settled]:
+        """Queued runs older than the publish limit settle ``rejected`` and leave the queue."""
+        cutoff = now - timedelta(seconds=publish_timeout)
+        with self.session() as s:
+            rows = list(
+                s.execute(
+                    select(QueueRow.id, QueueRow.run_id)
+                    .where(
+                        QueueRow.enqueued_at < cutoff,
+                        or_(QueueRow.claimed_until.is_(None), QueueRow.claimed_until < now),
+                    )
+                    .limit(1000)
+                )
+            )
+            if not rows:
+                return []
+            s.execute(delete(QueueRow).where(QueueRow.id.in_([r.id for r in rows])))
+        settled: list[Settled] = []
+        for r in rows:
+            if r.run_id:
+                done = self.settle_run(
+                    r.run_id,
+                    RunState.REJECTED,
+                    now=now,
+                    error=f"not published within boundedbeat_publish_timeout ({publish_timeout:g} s)",
+                    rng=rng,
+                )
+                if done:
+                    settled.append(done)
+        return settled
+
+    # -- runs (worker side) -----------------------------------------------------------
+
+    def start_run(
+        self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+    ) -> bool:
+        """queued/published → started (a retry or redelivery of a started run is a no-op)."""
+        deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
+        with self.session() as s:
+            result = s.execute(
+                update(RunRow)
+                .where(
+                    RunRow.id == run_id, RunRow.state.in_([RunState.QUEUED.value, RunState.PUBLISHED.value])
+                )
+                .values(
+                    state=RunState.STARTED.value,
+                    started_at=now,
+                    worker=worker,
+                    process=process,
+                    deadline_at=deadline,
+                )
+            )
+            if result.rowcount:  # type: ignore[attr-defined]
+                s.execute(
+                    update(RunRow)
+                    .where(RunRow.id == run_id, RunRow.published_at.is_(None))
+                    .values(published_at=now)
+                )
+                s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
+            else:
+                # Redelivered after a worker died: keep the run, point it at the new process.
+                s.execute(
+                    update(RunRow)
+                    .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value)
+                    .values(worker=worker, process=process)
+                )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def settle_run(
+        self,
+        run_id: str,
+        state: RunState,
+        *,
+        now: datetime,
+        error: str | None = None,
+        stop: bool = False,
+        rng: random.Random | None = None,
+        expect: Iterable[RunState] | None = None,
+    ) -> Settled | None:
+        """Move an active run to its one terminal state and free its slot exactly once."""
+        assert state.terminal
+        allowed = [s.value for s in (expect or ACTIVE_STATES)]
+        with self.session() as s:
+            run = s.execute(
+                select(RunRow.schedule, RunRow.started_at, RunRow.state).where(RunRow.id == run_id)
+            ).first()
+            if run is None or run.state not in allowed:
+                return None
+            elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
+            if elapsed is not None:
+                elapsed = max(elapsed, 0)
+            result = s.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state == run.state)
+                .values(state=state.value, finished_at=now, elapsed_ms=elapsed, error=error)
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                return None
+            s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
+            row = s.get(ScheduleRow, run.schedule, with_for_update=True)
+            if row is not None:
+                policy = Policy.from_json(row.policy)
+                new = on_settle(
+                    policy,
+                    _state_of(row),
+                    outcome=state,
+                    elapsed_ms=elapsed,
+                    now=now,
+                    stop=stop,
+                    gap_s=row.period or 0.0,
+                    rng=rng or random.Random(),
+                )
+                _apply_state(row, new, now)
+                row.last_finished_at = now
+                self._notify(s, SETTLED_CHANNEL, run.schedule)
+            return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
+
+    def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
+        """One statement per worker process per interval, however many runs it has."""
+        with self.session() as s:
+            result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
+            if not result.rowcount:  # type: ignore[attr-defined]
+                s.add(WorkerRow(id=process, hostname=hostname, pid=pid, heartbeat_at=now))
+
+    def forget_worker(self, process: str) -> None:
+        with self.session() as s:
+            s.execute(delete(WorkerRow).where(WorkerRow.id == process))
+
+    def reap(
+        self,
+        now: datetime,
+        *,
+        heartbeat_interval: float,
+        start_timeout: float,
+        rng: random.Random,
+    ) -> list[Settled]:
+        """Settle runs nobody will finish: dead workers → lost, past deadline → timed_out,
+        never started → rejected. Each goes through the guarded ``settle_run``."""
+        stale = now - timedelta(seconds=3 * heartbeat_interval)
+        with self.session() as s:
+            started = RunState.STARTED.value
+            timed_out = list(
+                s.scalars(
+                    select(RunRow.id).where(RunRow.state == started, RunRow.deadline_at < now).limit(500)
+                )
+            )
+            lost = list(
+                s.scalars(
+                    select(RunRow.id)
+                    .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
+                    .where(
+                        RunRow.state == started,
+                        RunRow.started_at < stale,
+                        or_(WorkerRow.id.is_(None), WorkerRow.heartbeat_at < stale),
+                    )
+                    .limit(500)
+                )
+            )
+            never = list(
+                s.scalars(
+                    select(RunRow.id)
+                    .where(
+                        RunRow.state == RunState.PUBLISHED.value,
+                        RunRow.published_at < now - timedelta(seconds=start_timeout),
+                    )
+                    .limit(500)
+                )
+            )
+        settled: list[Settled] = []
+        for run_id in timed_out:
+            done = self.settle_run(run_id, RunState.TIMED_OUT, now=now, error="passed max_run_time", rng=rng)
+            if done:
+                settled.append(done)
+        for run_id in lost:
+            done = self.settle_run(run_id, RunState.LOST, now=now, error="worker heartbeat stopped", rng=rng)
+            if done:
+                settled.append(done)
+        for run_id in never:
+            done = self.settle_run(
+                run_id,
+                RunState.REJECTED,
+                now=now,
+                error=f"not started within boundedbeat_start_timeout ({start_timeout:g} s)",
+                rng=rng,
+                expect=[RunState.PUBLISHED],
+            )
+            if done:
+                settled.append(done)
+        return settled
+
+    def purge(self, older_than: datetime, batch: int = 1000) -> int:
+        """Delete settled runs finished before ``older_than``, in small batches."""
+        total = 0
+        while True:
+            with self.session() as s:
+                ids = list(
+                    s.scalars(
+                        select(RunRow.id)
+                        .where(RunRow.finished_at < older_than, RunRow.state.not_in(_ACTIVE))
+                        .limit(batch)
+                    )
+                )
+                if not ids:
+                    return total
+                s.execute(delete(RunRow).where(RunRow.id.in_(ids)))
+                total += len(ids)
+
+    # -- leases --------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, holder: str, now: datetime, ttl: float) -> bool:
+        """Take or renew the lease if it is free, expired, or already ours."""
+        expires = now + timedelta(seconds=ttl)
+        with self.session() as s:
+            row = s.get(LeaseRow, name, with_for_update=True)
+            if row is None:
+                s.add(LeaseRow(name=name, holder=holder, acquired_at=now, renewed_at=now, expires_at=expires))
+                try:
+                    s.flush()
+                except Exception:
+                    return False
+                return True
+            if row.holder == holder:
+                row.renewed_at = now
+                row.expires_at = expires
+                return True
+            if row.expires_at <= now:
+                row.holder = holder
+                row.acquired_at = now
+                row.renewed_at = now
+                row.expires_at = expires
+                return True
+            return False
+
+    def release_lease(self, name: str, holder: str) -> None:
+        with self.session() as s:
+            s.execute(delete(LeaseRow).where(and_(LeaseRow.name == name, LeaseRow.holder == holder)))
+
+    def lease_holder(self, name: str, now: datetime) -> tuple[str, datetime] | None:
+        with self.session() as s:
+            row = s.get(LeaseRow, name)
+            if row is None or row.expires_at <= now:
+                return None
+            return row.holder, row.expires_at
+
+    def record_iteration(
+        self, loop: str, holder: str, started: datetime, finished: datetime, error: str | None
+    ) -> None:
+        with self.session() as s:
+            s.add(
+                IterationRow(loop=loop, holder=holder, started_at=started, finished_at=finished, error=error)
+            )
+
+    # -- reads -----------------------------------------------------------------------
+
+    def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleRow]:
+        with self.session() as s:
+            query = select(ScheduleRow).order_by(ScheduleRow.name)
+            if names is not None:
+                query = query.where(ScheduleRow.name.in_(list(names)))
+            return list(s.scalars(query))
+
+    def runs(
+        self,
+        *,
+        name: str | None = None,
+        limit: int = 100,
+        state: str | None = None,
+        since: datetime | None = None,
+    ) -> list[RunRow]:
+        with self.session() as s:
+            query = (
+                select(RunRow).order_by(RunRow.enqueued_at.desc(), RunRow.scheduled_for.desc()).limit(limit)
+            )
+            if name is not None:
+                query = query.where(RunRow.schedule == name)
+            if state is not None:
+                query = query.where(RunRow.state == state)
+            if since is not None:
+                query = query.where(RunRow.enqueued_at >= since)
+            return list(s.scalars(query))
+
+    def run(self, run_id: str) -> RunRow | None:
+        with self.session() as s:
+            return s.get(RunRow, run_id)
