@@ -25,7 +25,7 @@ def _app(ctx: click.Context) -> Celery:
     app = getattr(obj, "app", None)
     if app is None:
         raise click.UsageError("no Celery app: run it as `celery -A proj boundedbeat ...`")
-    return app  # type: ignore[no-any-return]
+    return app
 
 
 def _settings(app: Celery) -> Settings:

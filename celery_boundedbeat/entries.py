@@ -25,7 +25,7 @@ def _crontab_next(cron: crontab) -> Any:
     def next_after(t: datetime) -> datetime:
         start, delta, _now = cron.remaining_delta(t.astimezone(cron.tz))
         nxt: datetime = start + delta
-        return nxt.astimezone(UTC)
+        return datetime.fromtimestamp(nxt.timestamp(), UTC)
 
     return next_after
 
@@ -33,7 +33,8 @@ def _crontab_next(cron: crontab) -> Any:
 def _solar_next(sol: solar) -> Any:
     def next_after(t: datetime) -> datetime:
         now = datetime.now(UTC)
-        return (now + sol.remaining_estimate(t)).astimezone(UTC)
+        result: datetime = now + sol.remaining_estimate(t)
+        return result.astimezone(UTC)
 
     return next_after
 

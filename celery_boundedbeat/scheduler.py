@@ -38,7 +38,7 @@ LEASE_NAME = "beat"
 EX_CONFIG = 78
 
 
-class Scheduler(beat.Scheduler):
+class Scheduler(beat.Scheduler):  # type: ignore[misc]
     """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
 
     #: Seconds between reaper passes are the heartbeat interval; retention runs hourly.
@@ -127,7 +127,7 @@ class Scheduler(beat.Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: keep the lease, emit due runs, reap, then wait for the next reason to look."""
         if self._store is None:
-            return self.max_interval
+            return float(self.max_interval)
         mono = time.monotonic()
         wait = min(
             self.settings.poll_interval if self.store.is_sqlite_like else self.max_interval, self.max_interval
@@ -213,9 +213,9 @@ class Scheduler(beat.Scheduler):
 
     def _record_failure(self, loop: str, started: datetime) -> None:
         try:
-            self.store.record_iteration(
-                loop, self._holder, started, utcnow(), f"{sys.exc_info()[0].__name__}: {sys.exc_info()[1]}"
-            )  # type: ignore[union-attr]
+            exc = sys.exc_info()[1]
+            error = f"{type(exc).__name__}: {exc}" if exc is not None else None
+            self.store.record_iteration(loop, self._holder, started, utcnow(), error)
         except Exception:
             logger.debug("celery_boundedbeat: could not record failed %s iteration", loop, exc_info=True)
 

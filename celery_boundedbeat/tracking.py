@@ -17,6 +17,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
@@ -187,8 +188,11 @@ def _error_text(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {exc}"[:4000]
 
 
-def _guard(name: str) -> Any:
-    def wrap(fn: Any) -> Any:
+_Receiver = Callable[..., None]
+
+
+def _guard(name: str) -> Callable[[_Receiver], _Receiver]:
+    def wrap(fn: _Receiver) -> _Receiver:
         def receiver(*args: Any, **kwargs: Any) -> None:
             try:
                 fn(*args, **kwargs)
