@@ -25,9 +25,6 @@ from .store import Claimed, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 
-#: Retry policy for one publish: a short blip is retried, an outage fails fast to the backoff.
-PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
-
 
 class Dispatcher:
     """Publishes queued rows. ``drain()`` is one iteration; ``run()`` is the loop."""
@@ -96,16 +93,23 @@ class Dispatcher:
         done: list[Claimed] = []
         try:
             with self.app.producer_or_acquire() as producer:
+                declared: set[str] = set()
                 for row in batch:
                     options: dict[str, Any] = dict(row.options)
+                    # Declare each destination once per batch, not once per message.
+                    route = repr(options.get("queue"))
+                    if route in declared:
+                        options.setdefault("declare", [])
+                    declared.add(route)
                     self.app.send_task(
                         row.task,
                         args=row.args,
                         kwargs=row.kwargs,
                         task_id=row.task_id,
                         producer=producer,
-                        retry=True,
-                        retry_policy=PUBLISH_RETRY_POLICY,
+                        # A failed publish fails the batch; the loop's error backoff retries it.
+                        retry=False,
+                        add_to_parent=False,
                         **options,
                     )
                     done.append(row)

@@ -65,6 +65,17 @@ def get_engine(url: str) -> Engine:
         return engine
 
 
+def _forget_inherited() -> None:
+    """In a forked child, drop the parent's engines without closing its sockets."""
+    for (pid, _url), engine in list(_engines.items()):
+        if pid != os.getpid():
+            engine.dispose(close=False)
+            _engines.pop((pid, _url), None)
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
+
+
 def dispose_all() -> None:
     """Forget engines inherited from a parent process (after fork) or at shutdown."""
     with _lock:

@@ -384,10 +384,14 @@ def on_due(
         if next_due is not None and next_due <= now:
             if active < limit:
                 drift = _ms(now - next_due)
-                reserve(next_due)
+                # A triggered (pending) run stands in for the due one: one run, not two.
+                reserve(pending.pop(0) if pending else next_due)
                 ticks = 1
             next_due = None
     elif grid_at is not None and grid_at <= now:
+        # Pending runs are older than the ticks passed now: they take the free slots first.
+        while pending and active < limit:
+            reserve(pending.pop(0))
         count, tick_at, next_grid = timing.passed(grid_at, now)
         ticks = count
         drift = _ms(now - grid_at)
@@ -423,6 +427,10 @@ def on_due(
 
     if policy.mode is Mode.FIXED_DELAY and emit:
         next_due = None
+    elif grid_at is not None and next_due is not None and next_due <= now:
+        # A due time set for pending runs (settle, trigger) must not stay in the past, or
+        # the beat would spin until the next grid tick: pending runs wait for a settle.
+        next_due = grid_at + jitter_delay(policy, timing.gap(grid_at), rng)
     return TickOutcome(
         state=replace(
             state,

@@ -162,6 +162,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             until_due = (result.next_due_at - utcnow()).total_seconds()
             if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
                 until_due = 0
+            if until_due <= 0 and not result.emitted:
+                until_due = wait  # due rows this beat has no definition for: do not spin
             wait = min(wait, max(until_due, 0.0))
         wait = min(
             wait,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote, urlencode
 
 from .exceptions import ConfigurationError
 
@@ -20,8 +24,9 @@ class ConfLike(Protocol):
 class Settings:
     """Every knob with its default; the README's settings table mirrors this class."""
 
-    #: SQLAlchemy URL of the state/history database.
-    database_url: str = DEFAULT_DATABASE_URL
+    #: SQLAlchemy URL of the state/history database (in a configured Django project without
+    #: it: Django's default database). Left out of ``repr`` because it may hold a password.
+    database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
     #: Policy keys applied to entries without their own (CONTRACT §2).
     default_policy: Mapping[str, Any] = field(default_factory=dict)
     #: Migrate the schema when beat starts; ``None`` means "only for SQLite".
@@ -55,7 +60,11 @@ class Settings:
 
     @classmethod
     def from_conf(cls, conf: ConfLike) -> Settings:
-        """Read ``boundedbeat_*`` keys (Django: ``CELERY_BOUNDEDBEAT_*``) and validate them."""
+        """Read ``boundedbeat_*`` keys (Django: ``CELERY_BOUNDEDBEAT_*``) and validate them.
+
+        Without ``boundedbeat_database_url``, a process whose Django settings are configured
+        uses Django's ``DATABASES["default"]``; any other process uses the SQLite default.
+        """
         problems: list[tuple[str, str, str]] = []
         values: dict[str, Any] = {}
         defaults = cls()
@@ -92,6 +101,21 @@ class Settings:
                     continue
                 raw = float(raw)
             values[name] = raw
+        if "database_url" not in values and conf.get("boundedbeat_database_url") is None:
+            try:
+                django_url = django_default_database_url()
+            except ValueError as exc:
+                problems.append(
+                    (
+                        "settings",
+                        "boundedbeat_database_url",
+                        f"is not set (CELERY_BOUNDEDBEAT_DATABASE_URL in Django settings) and "
+                        f"Django's DATABASES['default'] cannot be used instead: {exc}",
+                    )
+                )
+            else:
+                if django_url is not None:
+                    values["database_url"] = django_url
         if problems:
             raise ConfigurationError(problems)
         return cls(**values)
@@ -103,3 +127,94 @@ class Settings:
     @property
     def should_auto_migrate(self) -> bool:
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+
+#: Django backends (last part of ENGINE) whose DATABASES entry can become a SQLAlchemy URL.
+_DJANGO_POSTGRES = frozenset({"postgresql", "postgis"})
+_DJANGO_SQLITE = frozenset({"sqlite3", "spatialite"})
+#: libpq connection keywords copied from a PostgreSQL entry's OPTIONS (Django's own keys such as
+#: ``pool`` or ``isolation_level`` are not; secrets such as ``sslpassword`` stay out of the URL).
+_LIBPQ_OPTIONS = frozenset(
+    {
+        "application_name",
+        "channel_binding",
+        "connect_timeout",
+        "gssencmode",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "options",
+        "passfile",
+        "service",
+        "sslcert",
+        "sslcrl",
+        "sslkey",
+        "sslmode",
+        "sslrootcert",
+        "target_session_attrs",
+    }
+)
+#: Database names that need no escaping (others go in the ``dbname`` query parameter).
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.$-]+")
+
+
+def django_default_database_url() -> str | None:
+    """Django's ``DATABASES["default"]`` as a SQLAlchemy URL, when Django settings are configured.
+
+    Django is never imported here (settings stay pure): a process that has not loaded
+    ``django.conf`` cannot have configured Django settings, so plain Celery apps return ``None``.
+    """
+    django_conf = sys.modules.get("django.conf")
+    django_settings = getattr(django_conf, "settings", None)
+    if django_settings is None or not django_settings.configured:
+        return None
+    default = (getattr(django_settings, "DATABASES", None) or {}).get("default")
+    return database_url_from_django(default) if default else None
+
+
+def database_url_from_django(db: Mapping[str, Any]) -> str:
+    """The SQLAlchemy URL of one Django ``DATABASES`` entry (PostgreSQL or SQLite).
+
+    Built with stdlib percent-escaping that every supported SQLAlchemy parses the same way
+    (settings import no SQLAlchemy). Raises ``ValueError`` whose text never holds the password.
+    """
+    engine = str(db.get("ENGINE") or "")
+    backend = engine.rsplit(".", 1)[-1]
+    name = db.get("NAME")
+    if backend in _DJANGO_SQLITE:
+        path = os.fspath(name) if name else ""
+        if not path or path == ":memory:" or "mode=memory" in path:
+            raise ValueError("it is an in-memory SQLite database, which no other process can share")
+        if "?" in path or "%" in path:
+            raise ValueError(f"its SQLite path {path!r} contains '?' or '%'")
+        return "sqlite:///" + os.path.abspath(path)
+    if backend not in _DJANGO_POSTGRES:
+        raise ValueError(f"its ENGINE {engine!r} is neither PostgreSQL nor SQLite")
+    userinfo = ""
+    if db.get("USER") or db.get("PASSWORD"):
+        userinfo = quote(str(db.get("USER") or ""), safe="")
+        if db.get("PASSWORD"):
+            userinfo += ":" + quote(str(db["PASSWORD"]), safe="")
+        userinfo += "@"
+    query: dict[str, str] = {}
+    host = str(db.get("HOST") or "")
+    port = str(db.get("PORT") or "")
+    if port and not port.isdigit():
+        raise ValueError(f"its PORT {port!r} is not a number")
+    if host.startswith("/"):  # a Unix socket directory
+        query["host"], host = host, ""
+    elif ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    if port and not host:
+        query["port"], port = port, ""
+    path = ""
+    if name and _PLAIN_NAME.fullmatch(str(name)):
+        path = f"/{name}"
+    elif name:
+        query["dbname"] = str(name)
+    for key, value in (db.get("OPTIONS") or {}).items():
+        if key in _LIBPQ_OPTIONS and isinstance(value, str | int) and not isinstance(value, bool):
+            query[key] = str(value)
+    url = f"postgresql+psycopg://{userinfo}{host}{':' + port if port else ''}{path}"
+    return f"{url}?{urlencode(query)}" if query else url

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, or_, select, text, update
+from sqlalchemy import Engine, and_, case, delete, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, Mode, RunState
@@ -368,64 +368,78 @@ class Store:
     # -- queue -----------------------------------------------------------------------
 
     def claim_batch(self, claimer: str, now: datetime, limit: int, claim_timeout: float) -> list[Claimed]:
-        """Claim up to ``limit`` unclaimed (or abandoned) rows, oldest due first."""
-        with self.session() as s:
-            ids = list(
-                s.scalars(
-                    select(QueueRow.id)
-                    .where(or_(QueueRow.claimed_until.is_(None), QueueRow.claimed_until < now))
-                    .order_by(QueueRow.due_at, QueueRow.id)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
-                )
+        """Claim up to ``limit`` unclaimed (or abandoned) rows, oldest due first.
+
+        PostgreSQL: one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
+        RETURNING`` statement, so concurrent dispatchers never claim the same row.
+        """
+        q = QueueRow.__table__
+        claimable = (
+            select(q.c.id)
+            .where(or_(q.c.claimed_until.is_(None), q.c.claimed_until < now))
+            .order_by(q.c.due_at, q.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        stmt = (
+            update(q)
+            .where(q.c.id.in_(claimable.scalar_subquery() if not self.is_postgres else claimable))
+            .values(
+                claimed_by=claimer,
+                claimed_until=now + timedelta(seconds=claim_timeout),
+                attempts=q.c.attempts + 1,
             )
-            if not ids:
-                return []
-            s.execute(
-                update(QueueRow)
-                .where(QueueRow.id.in_(ids))
-                .values(
-                    claimed_by=claimer,
-                    claimed_until=now + timedelta(seconds=claim_timeout),
-                    attempts=QueueRow.attempts + 1,
-                )
+            .returning(
+                q.c.id,
+                q.c.run_id,
+                q.c.task_id,
+                q.c.task,
+                q.c.args,
+                q.c.kwargs,
+                q.c.options,
+                q.c.due_at,
+                q.c.enqueued_at,
             )
-            rows = s.scalars(
-                select(QueueRow).where(QueueRow.id.in_(ids)).order_by(QueueRow.due_at, QueueRow.id)
+        )
+        with self.engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        claimed = [
+            Claimed(
+                id=r.id,
+                run_id=r.run_id,
+                task_id=r.task_id,
+                task=r.task,
+                args=list(r.args or []),
+                kwargs=dict(r.kwargs or {}),
+                options=dict(r.options or {}),
+                due_at=r.due_at,
+                enqueued_at=r.enqueued_at,
             )
-            return [
-                Claimed(
-                    id=r.id,
-                    run_id=r.run_id,
-                    task_id=r.task_id,
-                    task=r.task,
-                    args=list(r.args or []),
-                    kwargs=dict(r.kwargs or {}),
-                    options=dict(r.options or {}),
-                    due_at=r.due_at,
-                    enqueued_at=r.enqueued_at,
-                )
-                for r in rows
-            ]
+            for r in rows
+        ]
+        claimed.sort(key=lambda c: (c.due_at, c.id))
+        return claimed
 
     def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
         """The broker accepted these: drop them from the queue, stamp ``published_at`` once."""
         if not rows:
             return
-        ids = [r.id for r in rows]
-        run_ids = [r.run_id for r in rows if r.run_id]
-        with self.session() as s:
-            s.execute(delete(QueueRow).where(QueueRow.id.in_(ids), QueueRow.claimed_by == claimer))
+        q = QueueRow.__table__
+        r = RunRow.__table__
+        ids = [row.id for row in rows]
+        run_ids = [row.run_id for row in rows if row.run_id]
+        with self.engine.begin() as conn:
+            conn.execute(delete(q).where(q.c.id.in_(ids), q.c.claimed_by == claimer))
             if run_ids:
-                s.execute(
-                    update(RunRow)
-                    .where(RunRow.id.in_(run_ids), RunRow.published_at.is_(None))
-                    .values(published_at=now)
-                )
-                s.execute(
-                    update(RunRow)
-                    .where(RunRow.id.in_(run_ids), RunRow.state == RunState.QUEUED.value)
-                    .values(state=RunState.PUBLISHED.value)
+                conn.execute(
+                    update(r)
+                    .where(r.c.id.in_(run_ids), r.c.published_at.is_(None))
+                    .values(
+                        published_at=now,
+                        state=case(
+                            (r.c.state == RunState.QUEUED.value, RunState.PUBLISHED.value), else_=r.c.state
+                        ),
+                    )
                 )
 
     def release_claims(self, claimer: str, rows: Sequence[Claimed], error: str) -> None:

@@ -13,11 +13,12 @@ import os
 import random
 import socket
 import threading
+import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
@@ -59,6 +60,7 @@ class Tracker:
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
         self._rng = random.Random()
+        self._last_heartbeat = 0.0
 
     @property
     def settings(self) -> Settings:
@@ -92,7 +94,10 @@ class Tracker:
         self._ensure_heartbeat()
         now = utcnow()
         try:
-            self.store.heartbeat(self.process, hostname, os.getpid(), now)
+            mono = time.monotonic()
+            if mono - self._last_heartbeat >= self.settings.heartbeat_interval / 2:
+                self._last_heartbeat = mono
+                self.store.heartbeat(self.process, hostname, os.getpid(), now)
             self.store.start_run(
                 run_id, worker=hostname, process=self.process, now=now, max_run_time=max_run_time
             )
@@ -161,6 +166,7 @@ class Tracker:
                 busy = bool(self._active)
             if busy:
                 try:
+                    self._last_heartbeat = time.monotonic()
                     self.store.heartbeat(self.process, hostname, os.getpid(), utcnow())
                 except Exception:
                     logger.warning("celery_boundedbeat: heartbeat write failed; retrying", exc_info=True)
@@ -233,7 +239,7 @@ def _on_failure(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
 ) -> None:
     tracker = _tracker_for(sender)
-    run_id = _run_id_of(sender) or task_id
+    run_id = _run_id_of(sender)
     if tracker is None or run_id is None:
         return
     if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
@@ -277,8 +283,9 @@ def _on_revoked(
     tracker = _tracker_for(sender)
     if tracker is None or request is None:
         return
-    headers = getattr(request, "request_dict", {}) or {}
-    run_id = headers.get(RUN_HEADER) or (getattr(request, "headers", None) or {}).get(RUN_HEADER)
+    headers = getattr(request, "request_dict", None) or {}
+    # The task id is the run id; a task that is not ours finds no active run (a no-op).
+    run_id = headers.get(RUN_HEADER) or getattr(request, "id", None)
     if run_id is None:
         return
     if expired:
@@ -294,6 +301,7 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: BaseException | N
     headers = getattr(message, "headers", None) or {}
     run_id = headers.get(RUN_HEADER)
     if tracker is not None and run_id:
+        # The worker refused the message (unknown task, bad payload): it will never run.
         tracker.settle(str(run_id), RunState.REJECTED, _error_text(exc) if exc else "rejected by the worker")
 
 
@@ -302,7 +310,7 @@ def _on_internal_error(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
 ) -> None:
     tracker = _tracker_for(sender)
-    run_id = _run_id_of(sender) or task_id
+    run_id = _run_id_of(sender)
     if tracker is not None and run_id is not None:
         tracker.settle(run_id, RunState.FAILED, "internal error: " + _error_text(exception))
 
