@@ -53,7 +53,7 @@ class Listener:
                 failures += 1
                 if failures == 1:
                     logger.warning(
-                        "celery_boundedbeat: LISTEN on %s failed (%s); falling back to polling until it returns",
+                        "celery_boundedbeat: LISTEN on %s failed (%s); polling until it returns",
                         safe_url(self._url),
                         type(exc).__name__,
                     )

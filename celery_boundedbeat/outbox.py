@@ -56,7 +56,8 @@ def _enqueue_django(connection: Any, values: dict[str, Any]) -> str:
     vendor = getattr(connection, "vendor", "")
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO boundedbeat_queue (task_id, task, args, kwargs, options, due_at, enqueued_at, attempts)"
+            "INSERT INTO boundedbeat_queue"
+            " (task_id, task, args, kwargs, options, due_at, enqueued_at, attempts)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, 0)",
             [
                 values["task_id"],

@@ -280,7 +280,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         settings = self.settings
         lines = [
             f"database -> {safe_url(settings.database_url)}",
-            f". dispatcher -> {'in beat' if settings.dispatch_enabled else 'external (boundedbeat dispatch)'}",
+            ". dispatcher -> "
+            + ("in beat" if settings.dispatch_enabled else "external (boundedbeat dispatch)"),
             f". entries -> {len(self.app.conf.beat_schedule or {})}",
         ]
         return "\n".join(lines)

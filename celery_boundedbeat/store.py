@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, and_, case, delete, func, insert, or_, select, text, update
+from sqlalchemy import Engine, Table, and_, case, delete, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, Mode, RunState
@@ -373,7 +373,7 @@ class Store:
         PostgreSQL: one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
         RETURNING`` statement, so concurrent dispatchers never claim the same row.
         """
-        q = QueueRow.__table__
+        q = cast(Table, QueueRow.__table__)
         claimable = (
             select(q.c.id)
             .where(or_(q.c.claimed_until.is_(None), q.c.claimed_until < now))
@@ -424,8 +424,8 @@ class Store:
         """The broker accepted these: drop them from the queue, stamp ``published_at`` once."""
         if not rows:
             return
-        q = QueueRow.__table__
-        r = RunRow.__table__
+        q = cast(Table, QueueRow.__table__)
+        r = cast(Table, RunRow.__table__)
         ids = [row.id for row in rows]
         run_ids = [row.run_id for row in rows if row.run_id]
         with self.engine.begin() as conn:
