@@ -87,7 +87,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._specs = build_specs(self.app, settings.default_policy)
         except ConfigurationError as exc:
             logger.critical("%s", exc)
-            print(f"celery_boundedbeat: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(EX_CONFIG) from None
         engine = get_engine(settings.database_url)
         if settings.should_auto_migrate:
@@ -97,7 +96,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 require_current(engine, safe_url(settings.database_url))
             except BoundedBeatError as exc:
                 logger.critical("%s", exc)
-                print(f"celery_boundedbeat: {exc}", file=sys.stderr, flush=True)
                 raise SystemExit(EX_CONFIG) from None
         self._store = Store(engine)
         self._store.sync_config(self._specs.values(), utcnow(), self._rng)
