@@ -161,7 +161,7 @@ def _parse_since(value: str | None) -> datetime | None:
 
 @boundedbeat.command("history")
 @click.argument("name", required=False)
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--state", type=click.Choice([s.value for s in RunState]), default=None)
 @click.option("--since", default=None, help="ISO 8601 time or a duration such as 30m, 2h, 7d.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
