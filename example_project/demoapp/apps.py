@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DemoappConfig(AppConfig):
+    name = "demoapp"
+    default_auto_field = "django.db.models.BigAutoField"
