@@ -31,8 +31,17 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "demoapp",
 ]
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 # The read-only admin over the run history (guarded so the demo runs without it).
-if importlib.util.find_spec("celery_boundedbeat.contrib.django") is not None:
+if _importable("celery_boundedbeat.contrib.django"):
     INSTALLED_APPS.append("celery_boundedbeat.contrib.django")
 
 MIDDLEWARE = [
