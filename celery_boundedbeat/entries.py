@@ -148,11 +148,13 @@ def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, Ent
     """Every configured entry, validated; raises :class:`ConfigurationError` listing all problems."""
     entries = app.conf.beat_schedule or {}
     problems: list[Problem] = []
-    _, found = parse_policy("boundedbeat_default_policy", {}, default_policy)
-    problems.extend(found)
+    _, default_problems = parse_policy("boundedbeat_default_policy", {}, default_policy)
+    problems.extend(default_problems)
+    # A broken default is reported once, against the setting, not blamed on every entry.
+    usable_default = {} if default_problems else default_policy
     specs: dict[str, EntrySpec] = {}
     for name, raw in entries.items():
-        spec, found = parse_entry(str(name), raw, default_policy if not found else {})
+        spec, found = parse_entry(str(name), raw, usable_default)
         problems.extend(found)
         if spec is not None:
             specs[spec.name] = spec

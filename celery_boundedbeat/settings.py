@@ -15,6 +15,19 @@ from .exceptions import ConfigurationError
 
 DEFAULT_DATABASE_URL = "sqlite:///celerybeat-boundedbeat.sqlite3"
 
+#: Zero here would mark every run lost, expire the lease at once, or spin a loop.
+_POSITIVE = frozenset(
+    {
+        "poll_interval",
+        "dispatch_claim_timeout",
+        "publish_timeout",
+        "start_timeout",
+        "heartbeat_interval",
+        "lease_ttl",
+        "lease_renew_interval",
+    }
+)
+
 
 class ConfLike(Protocol):
     def get(self, key: str, default: Any = None) -> Any: ...
@@ -99,8 +112,21 @@ class Settings:
                 ):
                     problems.append(("settings", key, f"must be a number of seconds >= 0, got {raw!r}"))
                     continue
+                if name in _POSITIVE and raw == 0:
+                    problems.append(("settings", key, "must be > 0 seconds, got 0"))
+                    continue
                 raw = float(raw)
             values[name] = raw
+        ttl = values.get("lease_ttl", defaults.lease_ttl)
+        renew = values.get("lease_renew_interval", defaults.lease_renew_interval)
+        if not problems and renew >= ttl:
+            problems.append(
+                (
+                    "settings",
+                    "boundedbeat_lease_renew_interval",
+                    f"must be shorter than boundedbeat_lease_ttl ({ttl:g} s), got {renew:g}",
+                )
+            )
         if "database_url" not in values and conf.get("boundedbeat_database_url") is None:
             try:
                 django_url = django_default_database_url()

@@ -1,0 +1,185 @@
+"""The shipped Alembic migrations: head equals the models, and they travel inside the wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, inspect
+
+from celery_boundedbeat.exceptions import DatabaseNotMigratedError
+from celery_boundedbeat.migrate import (
+    current_revision,
+    head_revision,
+    migrations_path,
+    require_current,
+    upgrade,
+)
+from celery_boundedbeat.schema import VERSION_TABLE, metadata
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = {
+    "boundedbeat_schedules",
+    "boundedbeat_runs",
+    "boundedbeat_queue",
+    "boundedbeat_leases",
+    "boundedbeat_workers",
+    "boundedbeat_iterations",
+}
+
+
+def test_alembic_head_equals_the_models(engine: Engine) -> None:
+    """A database upgraded to head has exactly the tables, columns, types and indexes of the models."""
+    upgrade(engine)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+        )
+        diff = compare_metadata(context, metadata)
+    assert diff == []
+
+
+def test_migrations_use_their_own_version_table(engine: Engine) -> None:
+    """The revision is kept in boundedbeat_alembic_version, never in the application's alembic_version."""
+    assert current_revision(engine) is None
+    upgrade(engine)
+    tables = set(inspect(engine).get_table_names())
+    assert TABLES | {VERSION_TABLE} <= tables
+    assert "alembic_version" not in tables
+    assert current_revision(engine) == head_revision()
+
+
+def test_upgrade_is_idempotent_and_required(engine: Engine) -> None:
+    """An unmigrated database is refused with a hint to migrate; upgrading twice is harmless."""
+    with pytest.raises(DatabaseNotMigratedError, match="boundedbeat migrate"):
+        require_current(engine, "db")
+    upgrade(engine)
+    upgrade(engine)
+    require_current(engine, "db")
+    assert current_revision(engine) == head_revision()
+
+
+def test_downgrade_to_base_removes_every_table(engine: Engine) -> None:
+    """The initial migration downgrades cleanly (only the version table may remain)."""
+    from alembic import command
+    from alembic.config import Config
+
+    upgrade(engine)
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "base")
+    assert not TABLES & set(inspect(engine).get_table_names())
+    assert current_revision(engine) is None
+
+
+def test_migrations_path_works_in_the_editable_install() -> None:
+    """From a checkout, migrations_path() finds the repository's migrations folder."""
+    path = migrations_path()
+    assert (path / "env.py").is_file()
+    assert list((path / "versions").glob("*.py"))
+    assert path.resolve() in {
+        (REPO / "migrations").resolve(),
+        (REPO / "celery_boundedbeat" / "migrations").resolve(),
+    }
+
+
+@pytest.mark.timeout(240)
+def test_the_wheel_ships_the_migrations_and_upgrades_from_a_clean_venv(tmp_path: Path) -> None:
+    """A built wheel ships the migrations; installed alone in a fresh venv it migrates a SQLite database."""
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = dist.glob("celery_boundedbeat-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "celery_boundedbeat/migrations/env.py" in names
+    assert any(n.startswith("celery_boundedbeat/migrations/versions/") and n.endswith(".py") for n in names)
+    assert "celery_boundedbeat/py.typed" in names
+    assert not any(n.startswith("tests/") for n in names)
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True, system_site_packages=False)
+    python = env_dir / "bin" / "python"
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    work = tmp_path / "work"
+    work.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        import celery_boundedbeat
+        from celery_boundedbeat.engine import get_engine
+        from celery_boundedbeat.migrate import current_revision, head_revision, migrations_path, upgrade
+        from sqlalchemy import inspect
+
+        package = Path(celery_boundedbeat.__file__).resolve().parent
+        assert package.is_relative_to(Path({str(env_dir)!r}).resolve()), package
+        assert migrations_path() == package / "migrations", migrations_path()
+        engine = get_engine("sqlite:///" + str(Path.cwd() / "wheel.sqlite3"))
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+        print(sorted(inspect(engine).get_table_names()))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    ran = subprocess.run(
+        [str(python), "-I", "-c", script], cwd=work, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "boundedbeat_runs" in ran.stdout
+    assert VERSION_TABLE in ran.stdout
+
+    # The contract's command, `celery -A proj boundedbeat migrate`, works from the wheel too.
+    (work / "proj.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('proj')\n"
+        "app.conf.boundedbeat_database_url = 'sqlite:///cli.sqlite3'\n"
+    )
+    cli = subprocess.run(
+        [str(env_dir / "bin" / "celery"), "-A", "proj", "boundedbeat", "migrate"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(work)},
+    )
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    assert (work / "cli.sqlite3").is_file()
+
+
+def test_the_model_comparison_would_notice_a_drift(engine: Engine) -> None:
+    """The head-equals-models check is not vacuous: a column missing from the migrations is reported."""
+    from sqlalchemy import Column, Integer, MetaData
+
+    upgrade(engine)
+    drifted = MetaData()
+    for table in metadata.tables.values():
+        table.to_metadata(drifted)
+    drifted.tables["boundedbeat_runs"].append_column(Column("priority", Integer, nullable=True))
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "version_table": VERSION_TABLE}
+        )
+        diff = compare_metadata(context, drifted)
+    assert [(d[0], d[3].name) for d in diff] == [("add_column", "priority")]
