@@ -1,0 +1,1 @@
+"""Optional integrations; nothing here is imported by the core package."""

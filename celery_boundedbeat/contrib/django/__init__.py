@@ -1,0 +1,19 @@
+"""Django integration: read-only admin pages over the schedules and the run history.
+
+Setup::
+
+    INSTALLED_APPS = [..., "django.contrib.admin", "celery_boundedbeat.contrib.django"]
+
+* Tables: created by ``celery -A proj boundedbeat migrate`` (Alembic). The models are
+  unmanaged and the app ships no Django migrations, so ``manage.py migrate`` and
+  ``makemigrations --check`` leave them alone.
+* Database: without ``CELERY_BOUNDEDBEAT_DATABASE_URL``, beat, the CLI and the admin all use
+  Django's ``DATABASES["default"]`` (PostgreSQL or SQLite). When the URL points elsewhere, add
+  a ``DATABASES`` alias for that database and name it in ``BOUNDEDBEAT_ADMIN_DATABASE`` (default
+  ``"default"``); the admin reads through that alias and its actions write through the URL,
+  so both must reach the same database (``manage.py check`` reports an unknown alias).
+* Permissions: the pages need the ``view`` permission of each model (superusers have it);
+  pause / resume / trigger also need ``celery_boundedbeat.operate_schedule``. Nobody can add,
+  change or delete rows.
+* Raw SQL: ``overlaps`` is a reserved word in PostgreSQL; quote it (``"overlaps"``).
+"""

@@ -1,0 +1,44 @@
+"""celery_boundedbeat settings as the Django web process sees them.
+
+The Celery app of a Django project reads ``CELERY_``-prefixed Django settings
+(``app.config_from_object("django.conf:settings", namespace="CELERY")``); the admin reads the
+same keys, so its actions reach the database beat and the CLI use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from ...engine import get_engine
+from ...settings import Settings
+from ...store import Store
+
+#: The Celery namespace of Django settings (CONTRACT §4).
+NAMESPACE = "CELERY"
+#: Django setting naming the ``DATABASES`` alias where the admin reads the tables.
+ADMIN_DATABASE_SETTING = "BOUNDEDBEAT_ADMIN_DATABASE"
+
+
+class DjangoConf:
+    """Django settings seen as a Celery conf: ``boundedbeat_x`` is ``CELERY_BOUNDEDBEAT_X``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(django_settings, f"{NAMESPACE}_{key.upper()}", default)
+
+
+def boundedbeat_settings() -> Settings:
+    """Validated settings; without a database URL, Django's default database is used."""
+    return Settings.from_conf(DjangoConf())
+
+
+def admin_database() -> str:
+    """The ``DATABASES`` alias whose connection reads the tables for the admin."""
+    alias = getattr(django_settings, ADMIN_DATABASE_SETTING, None) or "default"
+    return str(alias)
+
+
+def store() -> Store:
+    """The store the admin actions write through (the same code path as the CLI)."""
+    return Store(get_engine(boundedbeat_settings().database_url))

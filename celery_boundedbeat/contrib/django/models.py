@@ -1,0 +1,94 @@
+# mypy: allow-subclassing-any
+"""Unmanaged read-only models over the contract tables (CONTRACT §7).
+
+Django never creates or alters these tables: ``celery -A proj boundedbeat migrate`` does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import models
+
+from ...enums import Mode, RunState
+
+
+class JSONTextField(models.TextField):
+    """A JSON column written by SQLAlchemy, read as JSON text.
+
+    PostgreSQL's driver hands back decoded values and SQLite hands back text; Django's
+    ``JSONField`` expects only the latter, so this field shows both as the same text.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        return json.dumps(value, sort_keys=True, default=str)
+
+
+class Schedule(models.Model):
+    """One schedule, its policy and counters (``boundedbeat_schedules``)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=255)
+    mode = models.CharField(max_length=32, choices=[(m.value, m.value) for m in Mode])
+    schedule = models.CharField(max_length=500)
+    period = models.FloatField(null=True, help_text="Seconds between ticks (number schedules).")
+    policy = JSONTextField()
+    args = JSONTextField()
+    kwargs = JSONTextField()
+    options = JSONTextField()
+    origin = models.CharField(max_length=16, help_text="config: beat_schedule; runtime: add_schedule().")
+    paused = models.BooleanField()
+    stopped = models.BooleanField(help_text="A run called stop_schedule(); resume lifts it.")
+    active_runs = models.IntegerField()
+    pending_runs = models.IntegerField()
+    runs = models.BigIntegerField(help_text="Runs that completed.")
+    skips = models.BigIntegerField(help_text="Ticks dropped because every slot was busy.")
+    overlaps = models.BigIntegerField(help_text="Runs started while another was active.")
+    failures = models.BigIntegerField(help_text="Runs that ended in a failure state.")
+    last_drift_ms = models.BigIntegerField(null=True)
+    last_elapsed_ms = models.BigIntegerField(null=True)
+    max_elapsed_ms = models.BigIntegerField(null=True)
+    next_due_at = models.DateTimeField(null=True)
+    last_finished_at = models.DateTimeField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "boundedbeat_schedules"
+        ordering = ("name",)
+        default_permissions = ("view",)
+        permissions = (("operate_schedule", "Can pause, resume and trigger schedules"),)
+
+    def __str__(self) -> str:
+        return self.name  # type: ignore[no-any-return]
+
+
+class Run(models.Model):
+    """One emitted run and its whole life (``boundedbeat_runs``); its id is the Celery task id."""
+
+    id = models.CharField(max_length=36, primary_key=True)
+    schedule = models.CharField(max_length=200)
+    task = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in RunState])
+    scheduled_for = models.DateTimeField(help_text="The grid tick this run belongs to.")
+    enqueued_at = models.DateTimeField()
+    published_at = models.DateTimeField(null=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    elapsed_ms = models.BigIntegerField(null=True)
+    drift_ms = models.BigIntegerField(null=True, help_text="How late the run was emitted.")
+    worker = models.CharField(max_length=255, null=True)
+    error = models.TextField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "boundedbeat_runs"
+        ordering = ("-enqueued_at",)
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} ({self.id})"

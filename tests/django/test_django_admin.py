@@ -1,0 +1,319 @@
+"""The read-only admin pages and their pause / resume / trigger actions, through Django's test client."""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from bbtest_settings import PASSWORD
+from celery import Celery
+
+from celery_boundedbeat.engine import get_engine
+from celery_boundedbeat.entries import build_specs
+from celery_boundedbeat.schema import RunRow
+from celery_boundedbeat.settings import Settings
+from celery_boundedbeat.store import Store
+
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("clean_tables")]
+
+SCHEDULES = "/admin/celery_boundedbeat/schedule/"
+RUNS = "/admin/celery_boundedbeat/run/"
+
+
+def celery_app() -> Celery:
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    return app
+
+
+@pytest.fixture
+def store() -> Store:
+    """Schedules from CELERY_BEAT_SCHEDULE, synced the way beat does at startup."""
+    app = celery_app()
+    settings = Settings.from_conf(app.conf)
+    store = Store(get_engine(settings.database_url))
+    specs = build_specs(app, settings.default_policy)
+    store.sync_config(specs.values(), datetime.now(UTC), random.Random(0))
+    return store
+
+
+def add_run(store: Store, schedule: str, state: str, scheduled_for: datetime, **extra: Any) -> str:
+    run_id = str(uuid.uuid4())
+    with store.session() as s:
+        s.add(
+            RunRow(
+                id=run_id,
+                schedule=schedule,
+                task=f"proj.tasks.{schedule.replace('-', '_')}",
+                state=state,
+                scheduled_for=scheduled_for,
+                enqueued_at=scheduled_for,
+                **extra,
+            )
+        )
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def users() -> dict[str, Any]:
+    """root (superuser), operator (view + operate), viewer (view), nobody (staff), plain (no staff)."""
+    from django.contrib.auth.models import Permission, User
+
+    def perms(*codenames: str) -> list[Permission]:
+        found = list(
+            Permission.objects.filter(content_type__app_label="celery_boundedbeat", codename__in=codenames)
+        )
+        assert len(found) == len(codenames)
+        return found
+
+    made: dict[str, Any] = {}
+    for name, staff, codenames in (
+        ("root", True, ()),
+        ("operator", True, ("view_schedule", "view_run", "operate_schedule")),
+        ("viewer", True, ("view_schedule", "view_run")),
+        ("nobody", True, ()),
+        ("plain", False, ()),
+    ):
+        user, _ = User.objects.get_or_create(
+            username=name, defaults={"is_staff": staff, "is_superuser": name == "root"}
+        )
+        user.user_permissions.set(perms(*codenames))
+        made[name] = user
+    return made
+
+
+@pytest.fixture
+def client_as(users: dict[str, Any]) -> Iterator[Any]:
+    from django.test import Client
+
+    def login(name: str) -> Client:
+        client = Client()
+        client.force_login(users[name])
+        return client
+
+    yield login
+
+
+def page(response: Any) -> str:
+    assert response.status_code == 200, response.status_code
+    return str(response.content.decode())
+
+
+def changelist_names(html: str) -> set[str]:
+    """Primary keys of the rows shown in a changelist (their ``action-select`` checkboxes or links)."""
+    return set(re.findall(r'<th class="field-(?:name|id)"><a href="[^"]*">([^<]+)</a>', html))
+
+
+def test_anonymous_users_are_sent_to_the_login_page() -> None:
+    """Without a session, both changelists redirect to the admin login."""
+    from django.test import Client
+
+    for url in (SCHEDULES, RUNS):
+        response = Client().get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/?next=")
+
+
+def test_non_staff_users_are_sent_to_the_login_page(client_as: Any) -> None:
+    """A logged-in user who is not staff never reaches the pages."""
+    response = client_as("plain").get(SCHEDULES)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_staff_without_view_permission_is_forbidden(client_as: Any) -> None:
+    """Staff status alone is not enough: the view permission of each model is required."""
+    client = client_as("nobody")
+    assert client.get(SCHEDULES).status_code == 403
+    assert client.get(RUNS).status_code == 403
+
+
+def test_schedule_changelist_filters_and_searches(store: Store, client_as: Any) -> None:
+    """A viewer sees every schedule; mode, paused and stopped filters and name/task search narrow it."""
+    store.set_paused("export-report", True, datetime.now(UTC))
+    client = client_as("viewer")
+    html = page(client.get(SCHEDULES))
+    assert changelist_names(html) == {"refresh-cache", "export-report", "poll-partner"}
+    assert "fixed_rate_no_overlap" in html
+    assert changelist_names(page(client.get(SCHEDULES, {"mode__exact": "fixed_delay"}))) == {"refresh-cache"}
+    assert changelist_names(page(client.get(SCHEDULES, {"paused__exact": "1"}))) == {"export-report"}
+    assert changelist_names(page(client.get(SCHEDULES, {"stopped__exact": "1"}))) == set()
+    assert changelist_names(page(client.get(SCHEDULES, {"q": "poll"}))) == {"poll-partner"}
+    assert changelist_names(page(client.get(SCHEDULES, {"q": "export_report"}))) == {"export-report"}
+
+
+def test_run_changelist_filters_searches_and_drills_down_by_date(store: Store, client_as: Any) -> None:
+    """Runs filter by state and schedule, search id/schedule/task/error, and drill down by scheduled_for."""
+    march = datetime(2024, 3, 5, 12, 0, tzinfo=UTC)
+    ok = add_run(store, "refresh-cache", "completed", march, finished_at=march + timedelta(seconds=2))
+    failed = add_run(
+        store, "export-report", "failed", march + timedelta(days=1), error="ValueError: boom\nat x"
+    )
+    april = add_run(store, "refresh-cache", "started", datetime(2024, 4, 1, 8, 0, tzinfo=UTC), worker="w1@h")
+    client = client_as("viewer")
+
+    html = page(client.get(RUNS))
+    assert changelist_names(html) == {ok, failed, april}
+    assert "ValueError: boom" in html and "at x" not in html  # the list shows the first error line
+    assert changelist_names(page(client.get(RUNS, {"state__exact": "failed"}))) == {failed}
+    assert changelist_names(page(client.get(RUNS, {"schedule": "refresh-cache"}))) == {ok, april}
+    assert changelist_names(page(client.get(RUNS, {"q": "boom"}))) == {failed}
+    assert changelist_names(page(client.get(RUNS, {"q": april}))) == {april}
+    assert changelist_names(page(client.get(RUNS, {"q": "export_report"}))) == {failed}
+
+    by_year = page(client.get(RUNS, {"scheduled_for__year": "2024"}))
+    assert "scheduled_for__month=3" in by_year.replace("&amp;", "&")
+    march_only = {"scheduled_for__year": "2024", "scheduled_for__month": "3"}
+    assert changelist_names(page(client.get(RUNS, march_only))) == {ok, failed}
+    march_5 = {**march_only, "scheduled_for__day": "5"}
+    assert changelist_names(page(client.get(RUNS, march_5))) == {ok}
+
+
+def test_schedule_list_links_to_its_runs(store: Store, client_as: Any) -> None:
+    """Each schedule row links to the run list filtered to that schedule."""
+    html = page(client_as("viewer").get(SCHEDULES))
+    assert f'href="{RUNS}?schedule=poll-partner"' in html
+
+
+def test_nobody_can_add_change_or_delete(store: Store, client_as: Any) -> None:
+    """Even a superuser gets no add button and 403 on add, change (POST) and delete."""
+    run_id = add_run(store, "refresh-cache", "completed", datetime(2024, 3, 5, tzinfo=UTC))
+    client = client_as("root")
+    for changelist, pk in ((SCHEDULES, "refresh-cache"), (RUNS, run_id)):
+        html = page(client.get(changelist))
+        assert f'href="{changelist}add/"' not in html
+        assert client.get(f"{changelist}add/").status_code == 403
+        assert client.post(f"{changelist}add/", {}).status_code == 403
+        detail = page(client.get(f"{changelist}{pk}/change/"))
+        assert 'name="_save"' not in detail and "/delete/" not in detail
+        assert client.post(f"{changelist}{pk}/change/", {"task": "x"}).status_code == 403
+        assert client.get(f"{changelist}{pk}/delete/").status_code == 403
+        assert client.post(f"{changelist}{pk}/delete/", {"post": "yes"}).status_code == 403
+    assert 'value="delete_selected"' not in page(client.get(SCHEDULES))
+    assert [s.task for s in store.schedules(["refresh-cache"])] == ["proj.tasks.refresh_cache"]
+    assert store.run(run_id) is not None
+
+
+def test_detail_pages_show_policy_and_full_error(store: Store, client_as: Any) -> None:
+    """A viewer reads the stored policy of a schedule and the whole error text of a run."""
+    run_id = add_run(
+        store, "export-report", "failed", datetime(2024, 3, 5, tzinfo=UTC), error="Traceback\nKeyError: 'x'"
+    )
+    client = client_as("viewer")
+    schedule = page(client.get(f"{SCHEDULES}export-report/change/"))
+    assert "coalesce_latest" in schedule and "proj.tasks.export_report" in schedule
+    run = page(client.get(f"{RUNS}{run_id}/change/"))
+    assert "KeyError: &#x27;x&#x27;" in run and "Traceback" in run
+
+
+def act(client: Any, action: str, *names: str) -> Any:
+    return client.post(SCHEDULES, {"action": action, "_selected_action": list(names)}, follow=True)
+
+
+def test_actions_pause_resume_and_trigger_change_the_rows(store: Store, client_as: Any) -> None:
+    """pause, resume and trigger go through the Store, report once per schedule and are logged."""
+    from django.contrib.admin.models import LogEntry
+
+    client = client_as("operator")
+    assert 'value="pause_schedules"' in page(client.get(SCHEDULES))
+
+    html = page(act(client, "pause_schedules", "refresh-cache", "poll-partner"))
+    assert "Schedule &#x27;refresh-cache&#x27; paused." in html
+    assert "Schedule &#x27;poll-partner&#x27; paused." in html
+    assert {s.name: s.paused for s in store.schedules()} == {
+        "refresh-cache": True,
+        "poll-partner": True,
+        "export-report": False,
+    }
+
+    page(act(client, "resume_schedules", "poll-partner"))
+    assert {s.name: s.paused for s in store.schedules()}["poll-partner"] is False
+
+    before = {s.name: s.pending_runs for s in store.schedules()}
+    html = page(act(client, "trigger_schedules", "export-report"))
+    assert "Schedule &#x27;export-report&#x27; triggered" in html
+    after = {s.name: s.pending_runs for s in store.schedules()}
+    assert after["export-report"] == before["export-report"] + 1
+    assert after["refresh-cache"] == before["refresh-cache"]
+
+    logged = LogEntry.objects.filter(content_type__app_label="celery_boundedbeat", object_id="poll-partner")
+    assert [e.change_message for e in logged.order_by("action_time")] == [
+        "Schedule paused from the admin.",
+        "Schedule resumed from the admin.",
+    ]
+    assert PASSWORD not in html
+
+
+def test_resume_lifts_stop_schedule(store: Store, client_as: Any) -> None:
+    """Resuming a schedule stopped by stop_schedule() makes it emit again, as the CLI does."""
+    from sqlalchemy import update
+
+    from celery_boundedbeat.schema import ScheduleRow
+
+    with store.session() as s:
+        s.execute(update(ScheduleRow).where(ScheduleRow.name == "poll-partner").values(stopped=True))
+    client = client_as("root")
+    assert changelist_names(page(client.get(SCHEDULES, {"stopped__exact": "1"}))) == {"poll-partner"}
+    page(act(client, "resume_schedules", "poll-partner"))
+    (row,) = store.schedules(["poll-partner"])
+    assert row.stopped is False and row.paused is False
+
+
+def test_viewers_cannot_run_actions(store: Store, client_as: Any) -> None:
+    """Without celery_boundedbeat.operate_schedule the actions are neither offered nor run."""
+    client = client_as("viewer")
+    assert 'value="pause_schedules"' not in page(client.get(SCHEDULES))
+    act(client, "pause_schedules", "refresh-cache")
+    act(client, "trigger_schedules", "refresh-cache")
+    (row,) = store.schedules(["refresh-cache"])
+    assert row.paused is False and row.pending_runs == 0
+
+
+def test_admin_reads_through_the_configured_alias(store: Store, client_as: Any) -> None:
+    """BOUNDEDBEAT_ADMIN_DATABASE sends the admin's queries to that DATABASES alias."""
+    from django.db import connections
+    from django.test import override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    client = client_as("viewer")
+    with (
+        override_settings(BOUNDEDBEAT_ADMIN_DATABASE="history"),
+        CaptureQueriesContext(connections["history"]) as history,
+        CaptureQueriesContext(connections["default"]) as default,
+    ):
+        assert changelist_names(page(client.get(SCHEDULES))) == {
+            "refresh-cache",
+            "export-report",
+            "poll-partner",
+        }
+    assert any("boundedbeat_schedules" in q["sql"] for q in history.captured_queries)
+    assert not any("boundedbeat_schedules" in q["sql"] for q in default.captured_queries)
+
+
+def test_system_check_reports_an_unknown_admin_alias() -> None:
+    """A BOUNDEDBEAT_ADMIN_DATABASE missing from DATABASES fails `manage.py check`."""
+    from django.test import override_settings
+
+    from celery_boundedbeat.contrib.django.checks import check_admin_database
+
+    assert check_admin_database() == []
+    with override_settings(BOUNDEDBEAT_ADMIN_DATABASE="nope"):
+        (error,) = check_admin_database()
+    assert error.id == "celery_boundedbeat.E001" and "'nope'" in error.msg
+
+
+def test_django_migrations_leave_the_tables_to_alembic() -> None:
+    """migrate, makemigrations --check and check pass: the app ships no Django migrations."""
+    from django.core.management import call_command
+    from django.db.migrations.loader import MigrationLoader
+
+    call_command("migrate", interactive=False, verbosity=0)
+    call_command("makemigrations", check=True, dry_run=True, verbosity=0)
+    call_command("migrate", check=True, verbosity=0)
+    call_command("check", fail_level="WARNING")
+    assert "celery_boundedbeat" in MigrationLoader(None).unmigrated_apps
