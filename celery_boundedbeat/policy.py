@@ -388,7 +388,12 @@ def on_due(
                 reserve(pending.pop(0) if pending else next_due)
                 ticks = 1
             next_due = None
-    elif grid_at is not None and grid_at <= now:
+    elif grid_at is None:
+        # No grid (a resumed calendar schedule): ticks passed while paused are not missed;
+        # anchor on the first tick from now.
+        grid_at = timing.first_at_or_after(now)
+        next_due = grid_at + jitter_delay(policy, timing.gap(grid_at), rng)
+    elif grid_at <= now:
         # Pending runs are older than the ticks passed now: they take the free slots first.
         while pending and active < limit:
             reserve(pending.pop(0))

@@ -668,3 +668,23 @@ def test_fixed_delay_jitter_is_added_after_the_delay() -> None:
         finish = beat.now
         beat.finish()
         assert finish + sec(10) <= beat.state.next_due_at <= finish + sec(11)  # type: ignore[operator]
+
+
+def test_a_rate_schedule_without_a_grid_anchors_on_the_next_tick_without_emitting() -> None:
+    """A resumed calendar schedule (grid cleared) rejoins its grid at the next tick: no missed ticks."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from celery_boundedbeat.policy import CalendarTiming, Policy, ScheduleState, on_due
+
+    def every_minute(t: datetime) -> datetime:
+        return t.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+    now = datetime(2026, 1, 1, 10, 0, 30, tzinfo=UTC)
+    outcome = on_due(
+        Policy(), CalendarTiming(every_minute), ScheduleState(next_due_at=now), now, random.Random(0)
+    )
+    assert outcome.emit == ()
+    assert outcome.state.grid_at == datetime(2026, 1, 1, 10, 1, tzinfo=UTC)
+    assert outcome.state.next_due_at == outcome.state.grid_at
+    assert outcome.state.skips == 0
