@@ -39,7 +39,7 @@ def bb_database() -> Iterator[str]:
         with psycopg.connect(ADMIN, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL is not reachable on 127.0.0.1:5432: {exc}")
+        pytest.fail(f"PostgreSQL is not reachable on 127.0.0.1:5432: {exc}")
     try:
         engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
         upgrade(engine)
