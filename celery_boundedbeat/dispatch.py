@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 from kombu.utils.url import maybe_sanitize_url
 
-from .runtime import Iteration, run_dispatch_loop, run_recorded_iteration
+from .runtime import Iteration, IterationRecord, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
 from .store import Claimed, Store, utcnow
 
@@ -37,11 +37,14 @@ class Dispatcher:
         *,
         may_run: Callable[[], bool] = lambda: True,
         name: str | None = None,
+        record: Callable[[IterationRecord], None] | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.settings = settings
         self.may_run = may_run
+        #: Called with every drain iteration (the beat records the failed ones).
+        self.record = record
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.broker_down = False
         self.published_total = 0
@@ -49,7 +52,7 @@ class Dispatcher:
 
     def drain(self, shutdown: threading.Event | None = None) -> Iteration:
         """Publish everything queued now (batch by batch); one recorded iteration."""
-        return run_recorded_iteration("dispatch", lambda: self._drain(shutdown), logger)
+        return run_recorded_iteration("dispatch", lambda: self._drain(shutdown), logger, self.record)
 
     def _drain(self, shutdown: threading.Event | None) -> Iteration:
         if not self.may_run():

@@ -4,6 +4,21 @@ Beat's loop calls :meth:`Scheduler.tick`; each tick handles every due schedule i
 transaction (an index range scan on ``next_due_at``, never a walk over all schedules),
 wakes the dispatcher, and then waits until the next due time, a completion notice, or the
 poll interval, whichever comes first.
+
+High availability: any number of beats may run against one database. Only the holder of
+the ``beat`` lease (``boundedbeat_leases``) ticks, dispatches and reaps. It renews every
+``lease_renew_interval`` and acts only until ``lease_ttl - lease_renew_interval`` after the
+start of its last successful renewal, so a holder that cannot renew (database lost, process
+frozen) stops a whole renew interval before its lease can expire; a standby tries every
+renew interval and takes over at most ``lease_ttl + lease_renew_interval`` after the
+holder's last renewal. The unique ``(schedule, scheduled_for)`` key makes a double emission
+impossible even if two beats ever believed they held it.
+
+Faults: every tick, reap, renewal and drain is one recorded iteration: an exception is
+logged (with its traceback the first time in a streak, then one line every 30 s), recorded
+in ``boundedbeat_iterations`` (once the database is back, if it was the database that
+failed), and the loop goes on. After losing the database the reaper waits three heartbeat
+intervals before settling anything, so workers can first write the outcomes they kept.
 """
 
 from __future__ import annotations
@@ -12,14 +27,15 @@ import logging
 import os
 import random
 import socket
-import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
+from collections import deque
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery, beat
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from .dispatch import Dispatcher
 from .engine import get_engine, safe_url
@@ -27,22 +43,35 @@ from .exceptions import BoundedBeatError, ConfigurationError
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import EntrySpec
-from .runtime import BackgroundLoop
+from .runtime import BackgroundLoop, IterationRecord
 from .settings import Settings
 from .store import QUEUE_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
+from .tracking import OutageLog
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
 LEASE_NAME = "beat"
 #: Exit status when the configuration is invalid (EX_CONFIG).
 EX_CONFIG = 78
+#: Failed iterations kept for ``boundedbeat_iterations`` while the database is unreachable.
+_UNRECORDED_MAX = 500
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database could not be reached (rather than a bug)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
     """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
 
-    #: Seconds between reaper passes are the heartbeat interval; retention runs hourly.
+    #: Retention and the cleanup of silent workers' heartbeat rows run hourly.
     retention_every: float = 3600.0
+    #: Reaper passes per heartbeat interval: a dead worker's run settles ``lost`` at most
+    #: 3 1/3 intervals after its last heartbeat (10 s with the default 3 s interval).
+    reaps_per_heartbeat: int = 3
 
     def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
         # Attributes first: the base __init__ calls setup_schedule() at its end.
@@ -59,7 +88,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._next_lease_at = 0.0
         self._next_reap_at = 0.0
         self._next_retention_at = 0.0
+        self._reap_not_before = 0.0
+        self._next_housekeeping_at = 0.0
+        self._db_down_since: float | None = None
+        self._streaks: dict[str, OutageLog] = {}
+        self._unrecorded: deque[tuple[str, datetime, datetime, str | None]] = deque(maxlen=_UNRECORDED_MAX)
         self._was_leader = False
+        self._announced_standby = False
         self._closed = False
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
@@ -106,7 +141,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             safe_url(settings.database_url),
         )
         if settings.dispatch_enabled:
-            self._dispatcher = Dispatcher(self.app, self._store, settings, may_run=self._is_leader)
+            self._dispatcher = Dispatcher(
+                self.app, self._store, settings, may_run=self._is_leader, record=self._record_drain
+            )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
         if self._store.is_postgres:
@@ -133,6 +170,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if mono >= self._next_lease_at:
             self._renew_lease(mono)
         if not self._is_leader():
+            if self._was_leader:
+                self._was_leader = False
+                logger.warning(
+                    "celery_boundedbeat: could not renew the beat lease in time; stopped scheduling "
+                    "%g s before it can expire; standing by",
+                    self.settings.lease_renew_interval,
+                )
             self._wake.wait(max(0.05, min(wait, self._next_lease_at - time.monotonic())))
             self._wake.clear()
             return 0
@@ -140,22 +184,31 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         result: TickResult | None = None
         try:
             result = self.store.tick(self._specs, now, self._rng, self.settings.tick_batch_size)
-        except Exception:
-            logger.exception("celery_boundedbeat: tick failed; retrying")
-            self._record_failure("tick", now)
+        except Exception as exc:
+            self._failed("tick", exc, now)
+        else:
+            self._succeeded("tick")
         if result is not None:
             self._log_tick(result)
             if result.emitted and self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
         if mono >= self._next_reap_at:
-            self._next_reap_at = mono + self.settings.heartbeat_interval
-            self._reap(now)
+            self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
+            if mono >= self._reap_not_before:
+                self._reap(now)
+        if mono >= self._next_housekeeping_at:
+            self._next_housekeeping_at = mono + self.retention_every
+            silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
+            try:
+                self.store.forget_silent_workers(now - timedelta(seconds=silent))
+            except Exception as exc:
+                self._failed("worker row cleanup", exc, now)
         if self.settings.retention_days is not None and mono >= self._next_retention_at:
             self._next_retention_at = mono + self.retention_every
             try:
                 self.store.purge(now - timedelta(days=self.settings.retention_days))
-            except Exception:
-                logger.exception("celery_boundedbeat: retention purge failed")
+            except Exception as exc:
+                self._failed("retention purge", exc, now)
         if result is not None and result.next_due_at is not None:
             until_due = (result.next_due_at - utcnow()).total_seconds()
             if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
@@ -167,6 +220,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             wait,
             max(self._next_lease_at - time.monotonic(), 0.0),
             max(self._next_reap_at - time.monotonic(), 0.0),
+            max(self._leader_until - time.monotonic(), 0.0),
         )
         if wait > 0:
             self._wake.wait(wait)
@@ -199,10 +253,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 start_timeout=self.settings.start_timeout,
                 rng=self._rng,
             )
-        except Exception:
-            logger.exception("celery_boundedbeat: reaper failed; retrying")
-            self._record_failure("reap", now)
+        except Exception as exc:
+            self._failed("reap", exc, now)
             return
+        self._succeeded("reap")
         for run in settled:
             logger.warning(
                 "celery_boundedbeat: run %s of %s settled %s by the reaper",
@@ -211,38 +265,101 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 run.state.value,
             )
 
-    def _record_failure(self, loop: str, started: datetime) -> None:
-        try:
-            exc = sys.exc_info()[1]
-            error = f"{type(exc).__name__}: {exc}" if exc is not None else None
-            self.store.record_iteration(loop, self._holder, started, utcnow(), error)
-        except Exception:
-            logger.debug("celery_boundedbeat: could not record failed %s iteration", loop, exc_info=True)
+    # -- recorded iterations ---------------------------------------------------------------
+
+    def _failed(self, loop: str, exc: BaseException, started: datetime) -> None:
+        """One failed iteration of ``loop``: log it (quietly when repeated), record it, go on."""
+        streak = self._streaks.get(loop)
+        if streak is None:
+            streak = self._streaks[loop] = OutageLog(logger, f"beat {loop}")
+        streak.failed(exc)
+        if _is_disconnect(exc) and self._db_down_since is None:
+            self._db_down_since = time.monotonic()
+        self._unrecorded.append((loop, started, utcnow(), f"{type(exc).__name__}: {exc}"[:4000]))
+        if not _is_disconnect(exc):
+            self._flush_records()
+
+    def _succeeded(self, loop: str) -> None:
+        """An iteration of ``loop`` reached the database: end its streak, catch up on records."""
+        streak = self._streaks.get(loop)
+        if streak is not None:
+            streak.succeeded()
+        if self._db_down_since is not None:
+            down = time.monotonic() - self._db_down_since
+            self._db_down_since = None
+            grace = 3 * self.settings.heartbeat_interval
+            self._reap_not_before = time.monotonic() + grace
+            logger.warning(
+                "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "
+                "%g s for workers to report the runs that ended meanwhile",
+                down,
+                grace,
+            )
+        self._flush_records()
+
+    def _record_drain(self, record: IterationRecord) -> None:
+        """The dispatcher's iterations (its own thread): failed ones are recorded by the beat."""
+        if record.error is not None:
+            self._unrecorded.append(
+                (
+                    record.name,
+                    datetime.fromtimestamp(record.started_at, UTC),
+                    datetime.fromtimestamp(record.finished_at, UTC),
+                    record.error[:4000],
+                )
+            )
+
+    def _flush_records(self) -> None:
+        while self._unrecorded:
+            loop, started, finished, error = self._unrecorded[0]
+            try:
+                self.store.record_iteration(loop, self._holder, started, finished, error)
+            except Exception:
+                logger.debug("celery_boundedbeat: could not record a failed %s iteration yet", loop)
+                return
+            self._unrecorded.popleft()
 
     # -- leader lease ---------------------------------------------------------------------
 
     def _renew_lease(self, mono: float) -> None:
         settings = self.settings
         self._next_lease_at = mono + settings.lease_renew_interval
+        now = utcnow()
         try:
-            held = self.store.acquire_lease(LEASE_NAME, self._holder, utcnow(), settings.lease_ttl)
-        except Exception:
-            logger.warning("celery_boundedbeat: could not renew the beat lease", exc_info=True)
-            held = False
+            held = self.store.acquire_lease(LEASE_NAME, self._holder, now, settings.lease_ttl)
+        except Exception as exc:
+            self._failed("lease renewal", exc, now)
+            # Retry soon: a holder gets several attempts before it has to stand down (tick()).
             self._next_lease_at = mono + min(1.0, settings.lease_renew_interval)
+            return
+        self._succeeded("lease renewal")
         if held:
-            # Stop acting a renew interval before the lease could expire for the others.
+            # ``mono`` was read before the renewal began, so this ends a whole renew interval
+            # before the lease (now + ttl as written) can expire for the other beats.
             self._leader_until = mono + max(settings.lease_ttl - settings.lease_renew_interval, 0.5)
             if not self._was_leader:
                 logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", self._holder)
                 self._was_leader = True
+                self._announced_standby = False
                 if self._dispatch_loop is not None:
                     self._dispatch_loop.wake()
-        elif self._was_leader and not self._is_leader():
-            logger.warning("celery_boundedbeat: lost the beat lease; standing by")
+            return
+        # Another beat holds it: stand down at once, whatever our own clock says.
+        self._leader_until = 0.0
+        if self._was_leader:
+            logger.warning("celery_boundedbeat: another beat took the beat lease; standing by")
             self._was_leader = False
-        elif not self._was_leader and self._next_lease_at - settings.lease_renew_interval == mono:
-            logger.debug("celery_boundedbeat: another beat holds the lease; standing by")
+        if not self._announced_standby:
+            self._announced_standby = True
+            try:
+                holder = self.store.lease_holder(LEASE_NAME, now)
+            except Exception:
+                holder = None
+            logger.info(
+                "celery_boundedbeat: %s is standing by; the beat lease is held by %s",
+                self._holder,
+                holder[0] if holder else "another beat",
+            )
 
     def _is_leader(self) -> bool:
         return time.monotonic() < self._leader_until

@@ -37,6 +37,12 @@ SCHEDULE_HEADER = "boundedbeat_schedule"
 MAX_RUN_TIME_HEADER = "boundedbeat_max_run_time"
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
+#: Terminal states the beat decides without hearing from the task (reaper, dispatcher).
+_DECIDED_WITHOUT_THE_TASK = frozenset(
+    {RunState.LOST.value, RunState.TIMED_OUT.value, RunState.REJECTED.value}
+)
+#: Marks a task outcome that arrived after the run was settled without it (see ``settle_run``).
+LATE_OUTCOME = "late outcome from the worker"
 
 
 def utcnow() -> datetime:
@@ -535,15 +541,36 @@ class Store:
         stop: bool = False,
         rng: random.Random | None = None,
         expect: Iterable[RunState] | None = None,
+        late: bool = False,
     ) -> Settled | None:
-        """Move an active run to its one terminal state and free its slot exactly once."""
+        """Move an active run to its one terminal state and free its slot exactly once.
+
+        The rule for duplicate, late and out-of-order reports: **the first terminal state to
+        reach the database wins**. Its ``state``, ``finished_at`` and ``elapsed_ms`` stay, it is
+        counted once (``runs`` or ``failures``) and frees its slot once; every later report of
+        the same run changes no state, no counter and no slot (returns ``None``). That covers
+        signals sent twice (success and postrun, parent and child), writes retried after an
+        outage that had in fact committed, redelivery with ``acks_late`` and Celery retries.
+
+        A task's own outcome that arrives after the beat decided without it (``lost``,
+        ``timed_out`` or ``rejected``: a worker that came back, a thread pool that cannot stop
+        a task past ``max_run_time``, a message started after ``start_timeout``) is kept as the
+        truth beside the verdict: with ``late=True`` (the worker's reports) it is appended once
+        to the run's ``error`` as ``late outcome from the worker at <time>: <state>[: error]``.
+        """
         assert state.terminal
         allowed = [s.value for s in (expect or ACTIVE_STATES)]
         with self.session() as s:
             run = s.execute(
-                select(RunRow.schedule, RunRow.started_at, RunRow.state).where(RunRow.id == run_id)
+                select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error).where(
+                    RunRow.id == run_id
+                )
             ).first()
-            if run is None or run.state not in allowed:
+            if run is None:
+                return None
+            if run.state not in allowed:
+                if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
+                    self._note_late_outcome(s, run_id, run.state, run.error, state, now, error)
                 return None
             elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
             if elapsed is not None:
@@ -574,6 +601,30 @@ class Store:
                 self._notify(s, SETTLED_CHANNEL, run.schedule)
             return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
+    @staticmethod
+    def _note_late_outcome(
+        s: Session,
+        run_id: str,
+        settled_as: str,
+        old_error: str | None,
+        state: RunState,
+        now: datetime,
+        error: str | None,
+    ) -> None:
+        """Append a late task outcome to a run the beat already settled (once; no counters)."""
+        if old_error is not None and LATE_OUTCOME in old_error:
+            return
+        note = f"{LATE_OUTCOME} at {now.isoformat(timespec='milliseconds')}: {state.value}"
+        if error:
+            note += f": {error}"
+        text_ = f"{old_error}; {note}" if old_error else note
+        guard = RunRow.error.is_(None) if old_error is None else RunRow.error == old_error
+        s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state == settled_as, guard)
+            .values(error=text_[:4000])
+        )
+
     def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
         """One statement per worker process per interval, however many runs it has."""
         with self.session() as s:
@@ -584,6 +635,16 @@ class Store:
     def forget_worker(self, process: str) -> None:
         with self.session() as s:
             s.execute(delete(WorkerRow).where(WorkerRow.id == process))
+
+    def forget_silent_workers(self, older_than: datetime) -> int:
+        """Drop heartbeat rows of processes silent since ``older_than`` (dead or long idle).
+
+        Their runs were reaped long ago; a live process that was idle writes its row again
+        when its next run starts.
+        """
+        with self.session() as s:
+            result = s.execute(delete(WorkerRow).where(WorkerRow.heartbeat_at < older_than))
+            return int(result.rowcount)  # type: ignore[attr-defined]
 
     def reap(
         self,

@@ -2,8 +2,17 @@
 
 Receivers are module-level and connected once per app by :func:`install` with a
 ``dispatch_uid``. Celery swallows receiver exceptions, so every receiver logs its own
-failures loudly; a settle that cannot reach the database is kept and retried by the
-heartbeat thread, so an outcome is never dropped.
+failures loudly. A start or an outcome that cannot reach the database (an outage) is kept
+in order and retried by the heartbeat thread every second, so an outcome is
+never dropped while the worker process lives; the database's guarded transitions make a
+retried write that had in fact been committed a no-op.
+
+Heartbeats: each worker process with at least one active run writes one row of
+``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one statement per process,
+however many runs it has); the beat's reaper settles the runs of a process whose heartbeat
+is older than three intervals as ``lost``. A prefork child killed mid-run is reported at
+once by the pool's ``WorkerLostError`` (settled ``lost`` by the parent process); a whole
+worker killed is found by the reaper.
 """
 
 from __future__ import annotations
@@ -15,25 +24,107 @@ import socket
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from celery import Celery, signals
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
 from .engine import get_engine
 from .enums import RunState
 from .exceptions import NotInScheduledRunError
 from .settings import Settings
-from .store import MAX_RUN_TIME_HEADER, RUN_HEADER, Store, utcnow
+from .store import MAX_RUN_TIME_HEADER, RUN_HEADER, Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
 
 _trackers: weakref.WeakKeyDictionary[Celery, Tracker] = weakref.WeakKeyDictionary()
 _local = threading.local()
+
+
+#: Task ids remembered by a worker's parent process, to name the run of a pool failure.
+_KNOWN_TASKS = 4096
+#: Seconds between attempts to write kept starts and outcomes while the database is away.
+_RETRY_EVERY = 1.0
+
+
+class OutageLog:
+    """Logs a streak of failures of one recurring database access without flooding the log.
+
+    The first failure of a streak (or one of another exception type) is logged with its
+    traceback; while the streak lasts, one line at most every ``quiet`` seconds; the first
+    success after it is logged once with the streak's length. A loop retrying every second
+    through a database outage thus writes a handful of lines, not a traceback a second.
+    """
+
+    def __init__(self, log: logging.Logger, what: str, quiet: float = 30.0) -> None:
+        self._log = log
+        self._what = what
+        self._quiet = quiet
+        self._since: float | None = None
+        self._kind = ""
+        self._failures = 0
+        self._last_line = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def failing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """Record one failure (call from an ``except`` block)."""
+        mono = time.monotonic()
+        kind = type(exc).__name__
+        with self._lock:
+            first = self._since is None or kind != self._kind
+            if self._since is None:
+                self._since = mono
+            self._kind = kind
+            self._failures += 1
+            failures, since = self._failures, self._since
+            loud = first or mono - self._last_line >= self._quiet
+            if loud:
+                self._last_line = mono
+        if first:
+            self._log.error("celery_boundedbeat: %s failed; retrying", self._what, exc_info=exc)
+        elif loud:
+            self._log.warning(
+                "celery_boundedbeat: %s still failing (%d attempts in %.0f s): %s: %s",
+                self._what,
+                failures,
+                mono - since,
+                kind,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+
+    def succeeded(self) -> float | None:
+        """Record a success; returns how long the streak it ends lasted (``None`` if none)."""
+        with self._lock:
+            if self._since is None:
+                return None
+            lasted, failures = time.monotonic() - self._since, self._failures
+            self._since = None
+            self._failures = 0
+            self._kind = ""
+        self._log.warning(
+            "celery_boundedbeat: %s works again after %.1f s (%d failed attempts)",
+            self._what,
+            lasted,
+            failures,
+        )
+        return lasted
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingStart:
+    run_id: str
+    worker: str
+    at: datetime
+    #: Seconds after the start when the reaper may call the run timed out (its hard limit).
+    limit: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +136,11 @@ class _PendingSettle:
     stop: bool
 
 
+_Pending = _PendingStart | _PendingSettle
+
+
 class Tracker:
-    """Per-app, per-process tracking state: store, active runs, heartbeat thread."""
+    """Per-app, per-process tracking state: store, active runs, pending writes, heartbeat thread."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -56,11 +150,18 @@ class Tracker:
         self._active: set[str] = set()
         self._settled: deque[str] = deque(maxlen=1024)
         self._stop_requested: set[str] = set()
-        self._retry: deque[_PendingSettle] = deque()
+        #: Starts and outcomes not yet written (database unreachable), oldest first.
+        self._retry: deque[_Pending] = deque()
+        self._flush_lock = threading.Lock()
+        #: task id -> run id of messages this process received (a prefork parent names the
+        #: run of a child that died or hit its hard time limit from these).
+        self._known: OrderedDict[str, str] = OrderedDict()
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
         self._rng = random.Random()
         self._last_heartbeat = 0.0
+        self._writes = OutageLog(logger, "recording runs in the database")
+        self._beats = OutageLog(logger, "the worker heartbeat")
 
     @property
     def settings(self) -> Settings:
@@ -78,68 +179,130 @@ class Tracker:
 
     def _after_fork_check(self) -> None:
         if self._pid != os.getpid():
-            # A forked pool child: inherited threads and sets belong to the parent.
+            # A forked pool child: inherited threads, sets and locks belong to the parent.
             self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._flush_lock = threading.Lock()
+            self._writes = OutageLog(logger, "recording runs in the database")
+            self._beats = OutageLog(logger, "the worker heartbeat")
             self._active = set()
             self._retry = deque()
+            self._known = OrderedDict()
             self._hb_thread = None
             self._hb_wake = threading.Event()
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def started(self, run_id: str, hostname: str, max_run_time: float | None) -> None:
+    def received(self, task_id: str, run_id: str) -> None:
+        """Remember which run a received message belongs to (bounded)."""
+        self._after_fork_check()
+        with self._lock:
+            self._known[task_id] = run_id
+            while len(self._known) > _KNOWN_TASKS:
+                self._known.popitem(last=False)
+
+    def run_of_task(self, task_id: str | None) -> str | None:
+        if task_id is None:
+            return None
+        self._after_fork_check()
+        with self._lock:
+            return self._known.get(task_id)
+
+    def started(self, run_id: str, hostname: str, limit: float | None) -> None:
+        """A run began here: vouch for it by heartbeat and record its start (now or later)."""
         self._after_fork_check()
         with self._lock:
             self._active.add(run_id)
         self._ensure_heartbeat()
-        now = utcnow()
-        try:
-            mono = time.monotonic()
-            if mono - self._last_heartbeat >= self.settings.heartbeat_interval / 2:
-                self._last_heartbeat = mono
-                self.store.heartbeat(self.process, hostname, os.getpid(), now)
-            self.store.start_run(
-                run_id, worker=hostname, process=self.process, now=now, max_run_time=max_run_time
-            )
-        except Exception:
-            logger.exception("celery_boundedbeat: could not record the start of run %s", run_id)
+        self._submit(_PendingStart(run_id=run_id, worker=hostname, at=utcnow(), limit=limit))
 
     def settle(self, run_id: str, state: RunState, error: str | None = None) -> None:
+        """A run ended here (the first report of it in this process wins)."""
         self._after_fork_check()
+        with self._lock:
+            self._active.discard(run_id)
+            self._known.pop(run_id, None)
         if run_id in self._settled:
             return
         self._settled.append(run_id)
-        with self._lock:
-            self._active.discard(run_id)
         stop = run_id in self._stop_requested
         self._stop_requested.discard(run_id)
-        item = _PendingSettle(run_id=run_id, state=state, at=utcnow(), error=error, stop=stop)
-        if not self._write(item):
+        self._submit(_PendingSettle(run_id=run_id, state=state, at=utcnow(), error=error, stop=stop))
+
+    def _submit(self, item: _Pending) -> None:
+        # Earlier writes still waiting for the database go first: a start before its outcome.
+        if self._retry or not self._write(item):
             self._retry.append(item)
             self._ensure_heartbeat()
 
-    def _write(self, item: _PendingSettle) -> bool:
+    def _write(self, item: _Pending) -> bool:
         try:
-            done = self.store.settle_run(
-                item.run_id, item.state, now=item.at, error=item.error, stop=item.stop, rng=self._rng
-            )
-        except Exception:
-            logger.exception(
-                "celery_boundedbeat: could not settle run %s as %s; will retry", item.run_id, item.state.value
-            )
+            done: Settled | None = None
+            if isinstance(item, _PendingStart):
+                self._write_start(item)
+            else:
+                done = self.store.settle_run(
+                    item.run_id,
+                    item.state,
+                    now=item.at,
+                    error=item.error,
+                    stop=item.stop,
+                    rng=self._rng,
+                    late=True,
+                )
+        except Exception as exc:
+            self._writes.failed(exc)
             return False
-        if done is not None:
-            logger.info(
-                "celery_boundedbeat: run %s of %s settled %s%s",
-                item.run_id,
-                done.schedule,
-                item.state.value,
-                " (schedule stopped by the task)" if item.stop else "",
-            )
+        self._writes.succeeded()
+        if isinstance(item, _PendingSettle):
+            if done is not None:
+                logger.info(
+                    "celery_boundedbeat: run %s of %s settled %s%s",
+                    item.run_id,
+                    done.schedule,
+                    item.state.value,
+                    " (schedule stopped by the task)" if item.stop else "",
+                )
+            else:
+                logger.info(
+                    "celery_boundedbeat: run %s was already settled; its %s outcome is not counted again",
+                    item.run_id,
+                    item.state.value,
+                )
         return True
+
+    def _write_start(self, item: _PendingStart) -> None:
+        mono = time.monotonic()
+        if mono - self._last_heartbeat >= self.settings.heartbeat_interval / 2:
+            # A process's first run: its heartbeat row exists before the run shows started.
+            self.store.heartbeat(self.process, socket.gethostname(), os.getpid(), utcnow())
+            self._last_heartbeat = mono
+        self.store.start_run(
+            item.run_id, worker=item.worker, process=self.process, now=item.at, max_run_time=item.limit
+        )
 
     def request_stop(self, run_id: str) -> None:
         self._stop_requested.add(run_id)
+
+    def flush(self) -> bool:
+        """Write pending starts and outcomes in order; False if some are still pending."""
+        with self._flush_lock:  # the heartbeat thread and a shutdown must not pop each other's item
+            while self._retry:
+                if not self._write(self._retry[0]):
+                    return False
+                self._retry.popleft()
+            return True
+
+    def shutdown(self) -> None:
+        """The process is exiting: one last attempt at what it kept; say loudly what is lost."""
+        if self._pid != os.getpid() or not self._retry:
+            return
+        if not self.flush():
+            logger.error(
+                "celery_boundedbeat: %d run start(s)/outcome(s) could not be written before this process "
+                "exits; the beat's reaper will settle those runs lost",
+                len(self._retry),
+            )
 
     # -- heartbeat ----------------------------------------------------------------------
 
@@ -155,21 +318,24 @@ class Tracker:
         interval = self.settings.heartbeat_interval
         hostname = socket.gethostname()
         while True:
-            self._hb_wake.wait(interval)
+            # Pending writes are retried every second (cheap while the database refuses
+            # connections), so outcomes land soon after it returns; heartbeats keep their period.
+            self._hb_wake.wait(min(interval, _RETRY_EVERY) if self._retry else interval)
             self._hb_wake.clear()
-            while self._retry:
-                item = self._retry[0]
-                if not self._write(item):
-                    break
-                self._retry.popleft()
-            with self._lock:
-                busy = bool(self._active)
-            if busy:
-                try:
-                    self._last_heartbeat = time.monotonic()
-                    self.store.heartbeat(self.process, hostname, os.getpid(), utcnow())
-                except Exception:
-                    logger.warning("celery_boundedbeat: heartbeat write failed; retrying", exc_info=True)
+            try:
+                self.flush()
+                with self._lock:
+                    busy = bool(self._active)
+                if busy and time.monotonic() - self._last_heartbeat >= interval * 0.9:
+                    try:
+                        self.store.heartbeat(self.process, hostname, os.getpid(), utcnow())
+                    except Exception as exc:
+                        self._beats.failed(exc)
+                    else:
+                        self._last_heartbeat = time.monotonic()
+                        self._beats.succeeded()
+            except Exception:  # never let the thread die: it carries the pending outcomes
+                logger.exception("celery_boundedbeat: heartbeat loop iteration failed")
 
 
 def _tracker_for(task: Any) -> Tracker | None:
@@ -220,10 +386,42 @@ def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None,
         return
     _local.run_id = run_id
     request = task.request
+    tracker.started(run_id, request.hostname or socket.gethostname(), _time_limit(request))
+
+
+def _time_limit(request: Any) -> float | None:
+    """Seconds after its start when a run is past saving: its hard time limit, else ``max_run_time``.
+
+    The reaper settles a run still active then as ``timed_out``; until then the pool's own soft
+    limit (the task may clean up) and hard limit (prefork kills the child) have their turn.
+    """
+    limits = getattr(request, "timelimit", None) or (None, None)
+    hard = limits[0] if isinstance(limits, list | tuple) and limits else None
+    if hard:
+        return float(hard)
     max_run_time = request.get(MAX_RUN_TIME_HEADER) if hasattr(request, "get") else None
-    tracker.started(
-        run_id, request.hostname or socket.gethostname(), float(max_run_time) if max_run_time else None
-    )
+    return float(max_run_time) if max_run_time else None
+
+
+def _remembered_run(sender: Any, task_id: str | None) -> tuple[Tracker | None, str | None]:
+    """Tracker and run id of a task signal, also in a prefork parent (which has no task context)."""
+    tracker = _tracker_for(sender)
+    if tracker is None:
+        return None, None
+    return tracker, _run_id_of(sender) or tracker.run_of_task(task_id)
+
+
+@_guard("task_received")
+def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    app = getattr(getattr(request, "task", None), "app", None) or getattr(sender, "app", None)
+    tracker = _trackers.get(app) if app is not None else None
+    if tracker is None or request is None:
+        return
+    headers = getattr(request, "request_dict", None) or {}
+    run_id = headers.get(RUN_HEADER)
+    task_id = getattr(request, "id", None)
+    if run_id and task_id:
+        tracker.received(str(task_id), str(run_id))
 
 
 @_guard("task_success")
@@ -238,12 +436,15 @@ def _on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
 def _on_failure(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
 ) -> None:
-    tracker = _tracker_for(sender)
-    run_id = _run_id_of(sender)
+    # In a prefork parent (hard time limit, a child that died) the task has no request
+    # context: the run is found from the message the parent received.
+    tracker, run_id = _remembered_run(sender, task_id)
     if tracker is None or run_id is None:
         return
     if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
         tracker.settle(run_id, RunState.TIMED_OUT, _error_text(exception))
+    elif isinstance(exception, WorkerLostError):
+        tracker.settle(run_id, RunState.LOST, "worker process died: " + _error_text(exception))
     else:
         tracker.settle(run_id, RunState.FAILED, _error_text(exception))
 
@@ -315,7 +516,14 @@ def _on_internal_error(
         tracker.settle(run_id, RunState.FAILED, "internal error: " + _error_text(exception))
 
 
+@_guard("worker_shutdown")
+def _on_shutdown(**_: Any) -> None:
+    for tracker in list(_trackers.values()):
+        tracker.shutdown()
+
+
 _RECEIVERS: list[tuple[Any, Any]] = [
+    (signals.task_received, _on_received),
     (signals.task_prerun, _on_prerun),
     (signals.task_success, _on_success),
     (signals.task_failure, _on_failure),
@@ -323,6 +531,8 @@ _RECEIVERS: list[tuple[Any, Any]] = [
     (signals.task_revoked, _on_revoked),
     (signals.task_rejected, _on_rejected),
     (signals.task_internal_error, _on_internal_error),
+    (signals.worker_process_shutdown, _on_shutdown),
+    (signals.worker_shutdown, _on_shutdown),
 ]
 
 

@@ -1,0 +1,1 @@
+"""Fault tests: dead workers, time limits, several beats, database outages, late signals."""
