@@ -296,8 +296,9 @@ def test_dispatch_command_stops_gracefully_on_sigterm(tmp_path: Path, pg_url: st
     """`boundedbeat dispatch` exits 0 soon after SIGTERM."""
     _write_app(tmp_path, "graceful", RABBIT, pg_url, queue_name)
     proc = _start_dispatcher(tmp_path, "graceful", "d.log")
-    time.sleep(3)
-    assert proc.poll() is None, (tmp_path / "d.log").read_text()
+    log = tmp_path / "d.log"
+    _wait(lambda: "draining" in log.read_text(), 30, "the dispatcher to start", [log])
+    assert proc.poll() is None, log.read_text()
     started = time.monotonic()
     assert _stop(proc) == 0
     assert time.monotonic() - started < 10
