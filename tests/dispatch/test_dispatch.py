@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 import celery_boundedbeat
 from celery_boundedbeat.schema import QueueRow
 
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
 RABBIT = "amqp://guest:guest@127.0.0.1:5672//"
 VENV_BIN = Path(sys.executable).parent
 
