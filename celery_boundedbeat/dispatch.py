@@ -12,6 +12,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -75,7 +76,7 @@ class Dispatcher:
             if not batch:
                 break
             done, error = self._publish(batch)
-            self.store.mark_published(self.name, done, utcnow())
+            self._mark_published(done)
             published += len(done)
             if error is not None:
                 self.store.release_claims(self.name, batch[len(done) :], error)
@@ -91,6 +92,21 @@ class Dispatcher:
             )
         self.published_total += published
         return Iteration(has_activity=published > 0 or bool(rejected))
+
+    def _mark_published(self, done: list[Claimed]) -> None:
+        """Record what the broker accepted; retried, because failing here means re-publishing
+        the batch after the claim expires (the same task ids, but a second execution)."""
+        for attempt in range(3):
+            try:
+                self.store.mark_published(self.name, done, utcnow())
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+                logger.warning(
+                    "celery_boundedbeat: recording a published batch failed; retrying", exc_info=True
+                )
+                time.sleep(0.2 * (attempt + 1))
 
     def _publish(self, batch: list[Claimed]) -> tuple[list[Claimed], str | None]:
         done: list[Claimed] = []

@@ -60,7 +60,18 @@ def get_engine(url: str) -> Engine:
                 engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
                 _sqlite_setup(engine)
             else:
-                engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+                # A database that drops packets must not hang beat or a worker forever, and a
+                # frozen leader must not keep schedule rows locked: bound both on the server.
+                engine = create_engine(
+                    parsed,
+                    pool_pre_ping=True,
+                    pool_size=5,
+                    max_overflow=5,
+                    connect_args={
+                        "connect_timeout": 10,
+                        "options": "-c idle_in_transaction_session_timeout=60000",
+                    },
+                )
             _engines[key] = engine
         return engine
 

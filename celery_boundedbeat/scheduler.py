@@ -183,7 +183,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         now = utcnow()
         result: TickResult | None = None
         try:
-            result = self.store.tick(self._specs, now, self._rng, self.settings.tick_batch_size)
+            result = self.store.tick(
+                self._specs,
+                now,
+                self._rng,
+                self.settings.tick_batch_size,
+                expires_after=self.settings.start_timeout,
+            )
         except Exception as exc:
             self._failed("tick", exc, now)
         else:

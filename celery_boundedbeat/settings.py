@@ -59,7 +59,7 @@ class Settings:
     publish_timeout: float = 3600.0
     #: A published run that no worker started for this long settles ``rejected``.
     start_timeout: float = 3600.0
-    #: Worker heartbeat period; a run is ``lost`` after three missed beats.
+    #: Worker heartbeat period; a dead worker's run is ``lost`` within 3⅓ intervals (10 s by default).
     heartbeat_interval: float = 3.0
     #: Leader lease time-to-live and renewal period, in seconds.
     lease_ttl: float = 15.0

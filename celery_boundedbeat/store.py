@@ -101,10 +101,17 @@ def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
 
 
 def message_options(
-    spec_options: Mapping[str, Any], policy: Policy, run_id: str, schedule: str
+    spec_options: Mapping[str, Any],
+    policy: Policy,
+    run_id: str,
+    schedule: str,
+    *,
+    expires_after: float | None = None,
 ) -> dict[str, Any]:
-    """Publish options of one run: the entry's options, our headers and time limits."""
+    """Publish options of one run: the entry's options, our headers, time limits and expiry."""
     options = dict(spec_options)
+    if expires_after is not None:
+        options.setdefault("expires", expires_after)
     headers = dict(options.pop("headers", None) or {})
     headers[RUN_HEADER] = run_id
     headers[SCHEDULE_HEADER] = schedule
@@ -248,9 +255,19 @@ class Store:
                 logger.info("celery_boundedbeat: removed schedules no longer configured: %s", ", ".join(gone))
 
     def tick(
-        self, specs: Mapping[str, EntrySpec], now: datetime, rng: random.Random, limit: int
+        self,
+        specs: Mapping[str, EntrySpec],
+        now: datetime,
+        rng: random.Random,
+        limit: int,
+        *,
+        expires_after: float | None = None,
     ) -> TickResult:
-        """Handle every due schedule in one transaction: reserve slots, write runs and queue rows."""
+        """Handle every due schedule in one transaction: reserve slots, write runs and queue rows.
+
+        ``expires_after`` (seconds after publishing) makes a message nobody started in time
+        expire at the worker instead of running late after its run was settled ``rejected``.
+        """
         result = TickResult()
         with self.session() as s:
             query = (
@@ -294,7 +311,9 @@ class Store:
                             "task": spec.task,
                             "args": list(spec.args),
                             "kwargs": dict(spec.kwargs),
-                            "options": message_options(spec.options, spec.policy, run_id, row.name),
+                            "options": message_options(
+                                spec.options, spec.policy, run_id, row.name, expires_after=expires_after
+                            ),
                             "due_at": emission.scheduled_for,
                             "enqueued_at": now,
                             "attempts": 0,
@@ -348,6 +367,10 @@ class Store:
                     behind = (now - row.grid_at) // period
                     row.grid_at = row.grid_at + period * (behind + 1)
                     row.next_due_at = row.grid_at
+                elif row.grid_at is not None and row.grid_at < now:
+                    # A calendar grid has no period here: beat re-anchors it on the next tick.
+                    row.grid_at = None
+                    row.next_due_at = now
                 elif row.grid_at is not None:
                     row.next_due_at = max(row.grid_at, row.next_due_at or row.grid_at)
                 if row.pending:
@@ -427,15 +450,18 @@ class Store:
         return claimed
 
     def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
-        """The broker accepted these: drop them from the queue, stamp ``published_at`` once."""
+        """The broker accepted these: stamp ``published_at`` once, drop them from the queue.
+
+        Runs before queue rows: the same lock order as ``start_run`` and ``settle_run``, so a
+        worker starting a run while its batch is being marked can never deadlock with us.
+        """
         if not rows:
             return
         q = cast(Table, QueueRow.__table__)
         r = cast(Table, RunRow.__table__)
         ids = [row.id for row in rows]
-        run_ids = [row.run_id for row in rows if row.run_id]
+        run_ids = sorted(row.run_id for row in rows if row.run_id)
         with self.engine.begin() as conn:
-            conn.execute(delete(q).where(q.c.id.in_(ids), q.c.claimed_by == claimer))
             if run_ids:
                 conn.execute(
                     update(r)
@@ -447,6 +473,7 @@ class Store:
                         ),
                     )
                 )
+            conn.execute(delete(q).where(q.c.id.in_(ids), q.c.claimed_by == claimer))
 
     def release_claims(self, claimer: str, rows: Sequence[Claimed], error: str) -> None:
         """Put rows back for the next attempt (the broker refused them)."""
@@ -479,7 +506,10 @@ class Store:
             )
             if not rows:
                 return []
-            s.execute(delete(QueueRow).where(QueueRow.id.in_([r.id for r in rows])))
+            # Outbox rows have no run; a run's queue row goes in the same transaction as its settle.
+            orphans = [r.id for r in rows if not r.run_id]
+            if orphans:
+                s.execute(delete(QueueRow).where(QueueRow.id.in_(orphans)))
         settled: list[Settled] = []
         for r in rows:
             if r.run_id:
