@@ -20,7 +20,7 @@ from typing import Any
 from celery import Celery
 from kombu.utils.url import maybe_sanitize_url
 
-from .runtime import Iteration, IterationRecord, run_dispatch_loop, run_recorded_iteration
+from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
 from .store import Claimed, Store, utcnow
 
@@ -46,6 +46,7 @@ class Dispatcher:
         self.may_run = may_run
         #: Called with every drain iteration (the beat records the failed ones).
         self.record = record
+        self._outage = OutageLog(logger, "dispatch iteration")
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.broker_down = False
         self.published_total = 0
@@ -53,7 +54,9 @@ class Dispatcher:
 
     def drain(self, shutdown: threading.Event | None = None) -> Iteration:
         """Publish everything queued now (batch by batch); one recorded iteration."""
-        return run_recorded_iteration("dispatch", lambda: self._drain(shutdown), logger, self.record)
+        return run_recorded_iteration(
+            "dispatch", lambda: self._drain(shutdown), logger, self.record, outage=self._outage
+        )
 
     def _drain(self, shutdown: threading.Event | None) -> Iteration:
         if not self.may_run():

@@ -43,10 +43,9 @@ from .exceptions import BoundedBeatError, ConfigurationError
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import EntrySpec
-from .runtime import BackgroundLoop, IterationRecord
+from .runtime import BackgroundLoop, IterationRecord, OutageLog
 from .settings import Settings
 from .store import QUEUE_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
-from .tracking import OutageLog
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 

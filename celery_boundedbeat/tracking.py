@@ -36,6 +36,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLo
 from .engine import get_engine
 from .enums import RunState
 from .exceptions import NotInScheduledRunError
+from .runtime import OutageLog
 from .settings import Settings
 from .store import MAX_RUN_TIME_HEADER, RUN_HEADER, Settled, Store, utcnow
 
@@ -49,73 +50,6 @@ _local = threading.local()
 _KNOWN_TASKS = 4096
 #: Seconds between attempts to write kept starts and outcomes while the database is away.
 _RETRY_EVERY = 1.0
-
-
-class OutageLog:
-    """Logs a streak of failures of one recurring database access without flooding the log.
-
-    The first failure of a streak (or one of another exception type) is logged with its
-    traceback; while the streak lasts, one line at most every ``quiet`` seconds; the first
-    success after it is logged once with the streak's length. A loop retrying every second
-    through a database outage thus writes a handful of lines, not a traceback a second.
-    """
-
-    def __init__(self, log: logging.Logger, what: str, quiet: float = 30.0) -> None:
-        self._log = log
-        self._what = what
-        self._quiet = quiet
-        self._since: float | None = None
-        self._kind = ""
-        self._failures = 0
-        self._last_line = 0.0
-        self._lock = threading.Lock()
-
-    @property
-    def failing(self) -> bool:
-        return self._since is not None
-
-    def failed(self, exc: BaseException) -> None:
-        """Record one failure (call from an ``except`` block)."""
-        mono = time.monotonic()
-        kind = type(exc).__name__
-        with self._lock:
-            first = self._since is None or kind != self._kind
-            if self._since is None:
-                self._since = mono
-            self._kind = kind
-            self._failures += 1
-            failures, since = self._failures, self._since
-            loud = first or mono - self._last_line >= self._quiet
-            if loud:
-                self._last_line = mono
-        if first:
-            self._log.error("celery_boundedbeat: %s failed; retrying", self._what, exc_info=exc)
-        elif loud:
-            self._log.warning(
-                "celery_boundedbeat: %s still failing (%d attempts in %.0f s): %s: %s",
-                self._what,
-                failures,
-                mono - since,
-                kind,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-            )
-
-    def succeeded(self) -> float | None:
-        """Record a success; returns how long the streak it ends lasted (``None`` if none)."""
-        with self._lock:
-            if self._since is None:
-                return None
-            lasted, failures = time.monotonic() - self._since, self._failures
-            self._since = None
-            self._failures = 0
-            self._kind = ""
-        self._log.warning(
-            "celery_boundedbeat: %s works again after %.1f s (%d failed attempts)",
-            self._what,
-            lasted,
-            failures,
-        )
-        return lasted
 
 
 @dataclass(frozen=True, slots=True)
