@@ -656,7 +656,31 @@ class Store:
         )
 
     def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
-        """One statement per worker process per interval, however many runs it has."""
+        """One statement per worker process per interval, however many runs it has.
+
+        An upsert where the dialect has one: two runs starting at once in one process (a
+        threads pool) would otherwise both miss the row and both insert it, and the loser's
+        start and outcome would wait for the tracker's retry.
+        """
+        values = {"id": process, "hostname": hostname, "pid": pid, "heartbeat_at": now}
+        upsert: Any = None
+        if self.is_postgres:
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            upsert = pg_insert(WorkerRow).values(**values)
+        elif self.engine.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            upsert = sqlite_insert(WorkerRow).values(**values)
+        if upsert is not None:
+            with self.session() as s:
+                s.execute(
+                    upsert.on_conflict_do_update(
+                        index_elements=[WorkerRow.id],
+                        set_={"heartbeat_at": upsert.excluded.heartbeat_at, "pid": upsert.excluded.pid},
+                    )
+                )
+            return
         with self.session() as s:
             result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
             if not result.rowcount:  # type: ignore[attr-defined]

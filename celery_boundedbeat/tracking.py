@@ -168,6 +168,8 @@ class Tracker:
         if self._retry or not self._write(item):
             self._retry.append(item)
             self._ensure_heartbeat()
+            # The heartbeat thread may be in a full-interval sleep: retry on the short cadence.
+            self._hb_wake.set()
 
     def _write(self, item: _Pending) -> bool:
         try:

@@ -1,0 +1,1 @@
+"""Integration tests: real celery beat and worker processes, real brokers and databases."""
