@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from celery import Celery
@@ -25,6 +26,10 @@ from .settings import Settings
 from .store import Claimed, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
+
+
+#: Options whose handling in ``app.send_task`` is more than routing (delayed delivery).
+_NEEDS_SEND_TASK = frozenset({"eta", "countdown", "chain", "link", "link_error", "chord", "group_id"})
 
 
 class Dispatcher:
@@ -47,6 +52,7 @@ class Dispatcher:
         #: Called with every drain iteration (the beat records the failed ones).
         self.record = record
         self._outage = OutageLog(logger, "dispatch iteration")
+        self._sent_event = bool(app.conf.task_send_sent_event)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.broker_down = False
         self.published_total = 0
@@ -70,23 +76,38 @@ class Dispatcher:
                 self.settings.publish_timeout,
             )
         published = 0
-        while shutdown is None or not shutdown.is_set():
-            if not self.may_run():
-                break
-            batch = self.store.claim_batch(
-                self.name, utcnow(), self.settings.dispatch_batch_size, self.settings.dispatch_claim_timeout
-            )
-            if not batch:
-                break
-            done, error = self._publish(batch)
-            self._mark_published(done)
-            published += len(done)
-            if error is not None:
-                self.store.release_claims(self.name, batch[len(done) :], error)
-                self._report_outage(error)
-                return Iteration(has_activity=bool(published), failed=True)
-            if len(batch) < self.settings.dispatch_batch_size:
-                break
+        size = self.settings.dispatch_batch_size
+
+        def claim() -> list[Claimed]:
+            return self.store.claim_batch(self.name, utcnow(), size, self.settings.dispatch_claim_timeout)
+
+        def stopping() -> bool:
+            return (shutdown is not None and shutdown.is_set()) or not self.may_run()
+
+        # The database work of one batch (marking it, claiming the next) runs in a helper
+        # thread while the current batch is being published: the broker never waits on SQL.
+        with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
+            batch = [] if stopping() else claim()
+            marking: Future[None] | None = None
+            while batch:
+                following = db.submit(claim) if len(batch) == size and not stopping() else None
+                done, error = self._publish(batch)
+                if marking is not None:
+                    marking.result()
+                marking = db.submit(self._mark_published, done)
+                published += len(done)
+                if error is not None:
+                    marking.result()
+                    unsent = batch[len(done) :] + (following.result() if following else [])
+                    self.store.release_claims(self.name, unsent, error)
+                    self._report_outage(error)
+                    return Iteration(has_activity=bool(published), failed=True)
+                batch = following.result() if following else []
+                if batch and stopping():
+                    self.store.release_claims(self.name, batch, "dispatcher stopping")
+                    batch = []
+            if marking is not None:
+                marking.result()
         if self.broker_down and published:
             self.broker_down = False
             logger.warning(
@@ -111,6 +132,43 @@ class Dispatcher:
                 )
                 time.sleep(0.2 * (attempt + 1))
 
+    def _send(self, producer: Any, row: Claimed, options: dict[str, Any]) -> None:
+        """Publish one message the way ``app.send_task`` does, minus its per-call overhead.
+
+        Same routing (the task's own options, ``task_routes``), same message (protocol 2 with
+        ``task_id`` = run id, expiry and time limits), same publish signals. Delayed messages
+        (``eta``/``countdown``) go through ``send_task`` itself (see ``_NEEDS_SEND_TASK``).
+        """
+        app = self.app
+        amqp = app.amqp
+        task_type = app.tasks.get(row.task)
+        if task_type is not None:
+            defaults = {k: v for k, v in (task_type._get_exec_options() or {}).items() if v is not None}
+            if defaults:
+                options = dict(defaults, **options)
+        headers = options.pop("headers", None)
+        time_limit = options.pop("time_limit", None)
+        soft_time_limit = options.pop("soft_time_limit", None)
+        expires = options.pop("expires", None)
+        ignore_result = options.pop("ignore_result", None)
+        options = amqp.router.route(options, row.task, row.args, row.kwargs, task_type)
+        message = amqp.create_task_message(
+            row.task_id,
+            row.task,
+            row.args,
+            row.kwargs,
+            expires=expires,
+            reply_to=app.thread_oid,
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+            create_sent_event=self._sent_event,
+            ignore_result=bool(ignore_result),
+            **options,
+        )
+        if not ignore_result:
+            app.backend.on_task_call(producer, row.task_id)
+        amqp.send_task_message(producer, row.task, message, headers=headers, retry=False, **options)
+
     def _publish(self, batch: list[Claimed]) -> tuple[list[Claimed], str | None]:
         done: list[Claimed] = []
         try:
@@ -123,17 +181,20 @@ class Dispatcher:
                     if route in declared:
                         options.setdefault("declare", [])
                     declared.add(route)
-                    self.app.send_task(
-                        row.task,
-                        args=row.args,
-                        kwargs=row.kwargs,
-                        task_id=row.task_id,
-                        producer=producer,
-                        # A failed publish fails the batch; the loop's error backoff retries it.
-                        retry=False,
-                        add_to_parent=False,
-                        **options,
-                    )
+                    if _NEEDS_SEND_TASK.isdisjoint(options):
+                        self._send(producer, row, options)
+                    else:
+                        self.app.send_task(
+                            row.task,
+                            args=row.args,
+                            kwargs=row.kwargs,
+                            task_id=row.task_id,
+                            producer=producer,
+                            # A failed publish fails the batch; the loop's backoff retries it.
+                            retry=False,
+                            add_to_parent=False,
+                            **options,
+                        )
                     done.append(row)
         except Exception as exc:
             return done, f"{type(exc).__name__}: {exc}"
