@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from integration.harness import Backend, Harness, new_uid
+from integration.harness import Backend, Harness, fresh_backend, running_harness
 
 from .support import PrivatePostgres, private_postgres
 
@@ -22,22 +22,15 @@ Measure = Callable[..., None]
 @pytest.fixture
 def backend(tmp_path: Path) -> Iterator[Backend]:
     """A fresh PostgreSQL database and RabbitMQ queue name (the fault tests need both servers)."""
-    uid = new_uid()
-    created = Backend.create("pg-rabbitmq", tmp_path, uid)
-    try:
+    with fresh_backend("pg-rabbitmq", tmp_path) as created:
         yield created
-    finally:
-        created.drop(f"bbq_{uid}")
 
 
 @pytest.fixture
 def bb(backend: Backend, tmp_path: Path) -> Iterator[Harness]:
     """The integration harness; every process it started is killed at teardown."""
-    harness = Harness(backend, tmp_path)
-    try:
+    with running_harness(backend, tmp_path) as harness:
         yield harness
-    finally:
-        harness.close()
 
 
 @pytest.fixture

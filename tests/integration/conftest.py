@@ -7,25 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from .harness import BACKENDS, Backend, Harness, new_uid
+from .harness import BACKENDS, Backend, Harness, fresh_backend, running_harness
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A fresh database and broker namespace: PostgreSQL + RabbitMQ, or SQLite + filesystem."""
-    uid = new_uid()
-    created = Backend.create(request.param, tmp_path, uid)
-    try:
+    with fresh_backend(request.param, tmp_path) as created:
         yield created
-    finally:
-        created.drop(f"bbq_{uid}")
 
 
 @pytest.fixture
 def bb(backend: Backend, tmp_path: Path) -> Iterator[Harness]:
     """The harness; every process it started is killed at teardown."""
-    harness = Harness(backend, tmp_path)
-    try:
+    with running_harness(backend, tmp_path) as harness:
         yield harness
-    finally:
-        harness.close()

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -680,3 +680,24 @@ class Harness:
 
 def new_uid() -> str:
     return uuid.uuid4().hex[:10]
+
+
+@contextlib.contextmanager
+def fresh_backend(name: str, tmp: Path) -> Iterator[Backend]:
+    """A backend that exists for one test: its database and queue are dropped afterwards."""
+    uid = new_uid()
+    created = Backend.create(name, tmp, uid)
+    try:
+        yield created
+    finally:
+        created.drop(f"bbq_{uid}")
+
+
+@contextlib.contextmanager
+def running_harness(backend: Backend, tmp: Path) -> Iterator[Harness]:
+    """A harness whose processes are all killed when the test ends."""
+    harness = Harness(backend, tmp)
+    try:
+        yield harness
+    finally:
+        harness.close()
