@@ -176,8 +176,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     "%g s before it can expire; standing by",
                     self.settings.lease_renew_interval,
                 )
-            self._wake.wait(max(0.05, min(wait, self._next_lease_at - time.monotonic())))
-            self._wake.clear()
+            self._wait(max(0.05, min(wait, self._next_lease_at - time.monotonic())))
             return 0
         now = utcnow()
         result: TickResult | None = None
@@ -197,6 +196,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._log_tick(result)
             if result.emitted and self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
+        self._housekeep(mono, now)
+        self._wait(self._next_wait(result, wait))
+        return 0
+
+    def _housekeep(self, mono: float, now: datetime) -> None:
+        """The leader's periodic chores: the reaper, silent workers' rows, retention."""
         if mono >= self._next_reap_at:
             self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
             if mono >= self._reap_not_before:
@@ -214,6 +219,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 self.store.purge(now - timedelta(days=self.settings.retention_days))
             except Exception as exc:
                 self._failed("retention purge", exc, now)
+
+    def _next_wait(self, result: TickResult | None, wait: float) -> float:
+        """Seconds until the next reason to look: a due schedule, the lease, the reaper."""
         if result is not None and result.next_due_at is not None:
             until_due = (result.next_due_at - utcnow()).total_seconds()
             if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
@@ -227,10 +235,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             max(self._next_reap_at - time.monotonic(), 0.0),
             max(self._leader_until - time.monotonic(), 0.0),
         )
-        if wait > 0:
-            self._wake.wait(wait)
+        return wait
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until ``seconds`` pass or a completion / trigger notice wakes the beat."""
+        if seconds > 0:
+            self._wake.wait(seconds)
         self._wake.clear()
-        return 0
 
     def _log_tick(self, result: TickResult) -> None:
         for run in result.emitted:

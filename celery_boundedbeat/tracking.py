@@ -80,20 +80,24 @@ class Tracker:
         self.app = app
         self._settings: Settings | None = None
         self._pid = -1
-        self._lock = threading.Lock()
-        self._active: set[str] = set()
         self._settled: deque[str] = deque(maxlen=1024)
         self._stop_requested: set[str] = set()
+        self._rng = random.Random()
+        self._last_heartbeat = 0.0
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        """What belongs to one process: a forked pool child starts these afresh."""
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._active: set[str] = set()
         #: Starts and outcomes not yet written (database unreachable), oldest first.
         self._retry: deque[_Pending] = deque()
-        self._flush_lock = threading.Lock()
         #: task id -> run id of messages this process received (a prefork parent names the
         #: run of a child that died or hit its hard time limit from these).
         self._known: OrderedDict[str, str] = OrderedDict()
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
-        self._rng = random.Random()
-        self._last_heartbeat = 0.0
         self._writes = OutageLog(logger, "recording runs in the database")
         self._beats = OutageLog(logger, "the worker heartbeat")
 
@@ -115,15 +119,7 @@ class Tracker:
         if self._pid != os.getpid():
             # A forked pool child: inherited threads, sets and locks belong to the parent.
             self._pid = os.getpid()
-            self._lock = threading.Lock()
-            self._flush_lock = threading.Lock()
-            self._writes = OutageLog(logger, "recording runs in the database")
-            self._beats = OutageLog(logger, "the worker heartbeat")
-            self._active = set()
-            self._retry = deque()
-            self._known = OrderedDict()
-            self._hb_thread = None
-            self._hb_wake = threading.Event()
+            self._reset_process_state()
 
     # -- lifecycle --------------------------------------------------------------------
 
