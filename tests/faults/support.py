@@ -146,9 +146,8 @@ def check_books(bb: Harness, name: str) -> dict[str, int]:
 
     Returns the run states counted, for the report.
     """
-    rows = bb.runs(name)
+    row, rows = bb.books(name)
     states = Counter(r.state for r in rows)
-    row = bb.schedule(name)
     completed = states["completed"]
     failures = sum(states[s] for s in FAILURE_STATES)
     active = sum(states[s] for s in ACTIVE_STATES)
@@ -169,8 +168,7 @@ def check_grid(bb: Harness, name: str, period: float) -> int:
 
     Returns the number of grid ticks accounted for.
     """
-    rows = bb.runs(name)
-    row = bb.schedule(name)
+    row, rows = bb.books(name)
     first = min(r.scheduled_for for r in rows)
     ticks = round((row["grid_at"] - first).total_seconds() / period)
     emitted = {r.scheduled_for for r in rows}

@@ -648,6 +648,20 @@ class Harness:
         assert row is not None, f"no schedule row {name!r}\n{self.diagnostics()}"
         return row
 
+    def books(self, name: str) -> tuple[dict[str, Any], list[Run]]:
+        """The schedule row and its runs as one consistent picture.
+
+        Two separate reads race with a run settling between them, so read the schedule row
+        before and after the runs and retry until nothing moved in between.
+        """
+        for _ in range(100):
+            before = self.schedule(name)
+            rows = self.runs(name)
+            if self.schedule(name) == before:
+                return before, rows
+            time.sleep(0.05)
+        raise AssertionError(f"schedule {name!r} never held still long enough to read\n{self.diagnostics()}")
+
     # -- what the tasks recorded ---------------------------------------------------------------
 
     def intervals(self, name: str | None = None) -> list[TaskInterval]:
