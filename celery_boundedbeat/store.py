@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
+    Connection,
     Engine,
     String,
     Table,
@@ -60,6 +61,31 @@ _DECIDED_WITHOUT_THE_TASK = frozenset(
 )
 #: Marks a task outcome that arrived after the run was settled without it (see ``settle_run``).
 LATE_OUTCOME = "late outcome from the worker"
+
+
+#: The PostgreSQL claim: pick (skipping rows another dispatcher holds), claim, and return the
+#: batch as one JSON text in due order (see ``Store._claim_batch_postgres``).
+_PG_CLAIM = text(
+    """
+    WITH picked AS (
+        SELECT id FROM boundedbeat_queue
+        WHERE claimed_until IS NULL OR claimed_until < :now
+        ORDER BY due_at, id
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE boundedbeat_queue AS q
+        SET claimed_by = :claimer, claimed_until = :until, attempts = q.attempts + 1
+        FROM picked WHERE q.id = picked.id
+        RETURNING q.id, q.run_id, q.task_id, q.task, q.args, q.kwargs, q.options, q.due_at, q.enqueued_at
+    )
+    SELECT json_agg(
+        json_build_array(id, run_id, task_id, task, args, kwargs, options, due_at, enqueued_at)
+        ORDER BY due_at, id
+    )::text
+    FROM claimed
+    """
+)
 
 
 def utcnow() -> datetime:
@@ -416,25 +442,51 @@ class Store:
     def claim_batch(self, claimer: str, now: datetime, limit: int, claim_timeout: float) -> list[Claimed]:
         """Claim up to ``limit`` unclaimed (or abandoned) rows, oldest due first.
 
-        PostgreSQL: one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)
-        RETURNING`` statement, so concurrent dispatchers never claim the same row.
+        PostgreSQL: one statement (``FOR UPDATE SKIP LOCKED`` picks, ``UPDATE ... RETURNING``
+        claims), so concurrent dispatchers never claim the same row.
         """
+        with self.engine.begin() as conn:
+            return self._claim(conn, claimer, now, limit, claim_timeout)
+
+    def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
+        """The broker accepted these: stamp ``published_at`` once, drop them from the queue."""
+        if rows:
+            with self.engine.begin() as conn:
+                self._mark(conn, claimer, rows, now)
+
+    def mark_and_claim(
+        self, claimer: str, done: Sequence[Claimed], now: datetime, limit: int, claim_timeout: float
+    ) -> list[Claimed]:
+        """``mark_published(done)`` and ``claim_batch`` in one transaction.
+
+        The dispatcher does both between two batches; one commit instead of two halves the
+        round trips and fsyncs per batch. Marking goes first (runs, then queue rows: the lock
+        order of ``start_run``).
+        """
+        if not done and limit <= 0:
+            return []
+        with self.engine.begin() as conn:
+            if done:
+                self._mark(conn, claimer, done, now)
+            return self._claim(conn, claimer, now, limit, claim_timeout) if limit > 0 else []
+
+    def _claim(
+        self, conn: Connection, claimer: str, now: datetime, limit: int, claim_timeout: float
+    ) -> list[Claimed]:
+        until = now + timedelta(seconds=claim_timeout)
+        if self.is_postgres:
+            return self._claim_postgres(conn, claimer, now, until, limit)
         q = cast(Table, QueueRow.__table__)
         claimable = (
             select(q.c.id)
             .where(or_(q.c.claimed_until.is_(None), q.c.claimed_until < now))
             .order_by(q.c.due_at, q.c.id)
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
         stmt = (
             update(q)
-            .where(q.c.id.in_(claimable.scalar_subquery() if not self.is_postgres else claimable))
-            .values(
-                claimed_by=claimer,
-                claimed_until=now + timedelta(seconds=claim_timeout),
-                attempts=q.c.attempts + 1,
-            )
+            .where(q.c.id.in_(claimable.scalar_subquery()))
+            .values(claimed_by=claimer, claimed_until=until, attempts=q.c.attempts + 1)
             .returning(
                 q.c.id,
                 q.c.run_id,
@@ -447,8 +499,6 @@ class Store:
                 q.c.enqueued_at,
             )
         )
-        with self.engine.begin() as conn:
-            rows = conn.execute(stmt).all()
         claimed = [
             Claimed(
                 id=r.id,
@@ -461,19 +511,45 @@ class Store:
                 due_at=r.due_at,
                 enqueued_at=r.enqueued_at,
             )
-            for r in rows
+            for r in conn.execute(stmt)
         ]
         claimed.sort(key=lambda c: (c.due_at, c.id))
         return claimed
 
-    def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
-        """The broker accepted these: stamp ``published_at`` once, drop them from the queue.
+    @staticmethod
+    def _claim_postgres(
+        conn: Connection, claimer: str, now: datetime, until: datetime, limit: int
+    ) -> list[Claimed]:
+        """The claim as one JSON document, decoded by a single ``json.loads``.
 
-        Runs before queue rows: the same lock order as ``start_run`` and ``settle_run``, so a
-        worker starting a run while its batch is being marked can never deadlock with us.
+        The dispatcher publishes while this runs in its helper thread; decoding a thousand
+        rows column by column in Python took the GIL from the publisher long enough to cost
+        a fifth of the throughput. Ordering happens in SQL too.
         """
-        if not rows:
-            return
+        payload = conn.execute(
+            _PG_CLAIM, {"claimer": claimer, "now": now, "until": until, "limit": limit}
+        ).scalar_one()
+        if not payload:
+            return []
+        parse = datetime.fromisoformat
+        return [
+            Claimed(
+                id=row[0],
+                run_id=row[1],
+                task_id=row[2],
+                task=row[3],
+                args=list(row[4] or []),
+                kwargs=dict(row[5] or {}),
+                options=dict(row[6] or {}),
+                due_at=parse(row[7]).astimezone(UTC),
+                enqueued_at=parse(row[8]).astimezone(UTC),
+            )
+            for row in json.loads(payload)
+        ]
+
+    def _mark(self, conn: Connection, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
+        """Runs before queue rows: the same lock order as ``start_run`` and ``settle_run``, so a
+        worker starting a run while its batch is being marked can never deadlock with us."""
         q = cast(Table, QueueRow.__table__)
         r = cast(Table, RunRow.__table__)
         ids = [row.id for row in rows]
@@ -485,19 +561,18 @@ class Store:
         else:
             run_match = r.c.id.in_(run_ids)
             queue_match = q.c.id.in_(ids)
-        with self.engine.begin() as conn:
-            if run_ids:
-                conn.execute(
-                    update(r)
-                    .where(run_match, r.c.published_at.is_(None))
-                    .values(
-                        published_at=now,
-                        state=case(
-                            (r.c.state == RunState.QUEUED.value, RunState.PUBLISHED.value), else_=r.c.state
-                        ),
-                    )
+        if run_ids:
+            conn.execute(
+                update(r)
+                .where(run_match, r.c.published_at.is_(None))
+                .values(
+                    published_at=now,
+                    state=case(
+                        (r.c.state == RunState.QUEUED.value, RunState.PUBLISHED.value), else_=r.c.state
+                    ),
                 )
-            conn.execute(delete(q).where(queue_match, q.c.claimed_by == claimer))
+            )
+        conn.execute(delete(q).where(queue_match, q.c.claimed_by == claimer))
 
     def release_claims(self, claimer: str, rows: Sequence[Claimed], error: str) -> None:
         """Put rows back for the next attempt (the broker refused them)."""

@@ -232,6 +232,30 @@ def test_claim_mark_published_and_release(store: Store) -> None:
         assert (q.attempts, q.last_error, q.claimed_by) == (2, "broker down", "d3")
 
 
+def test_mark_and_claim_marks_one_batch_and_claims_the_next(store: Store) -> None:
+    """Between two batches the dispatcher marks the last one and claims the next in one call."""
+    entries = setup(store, spec("a", args=[1, "x"], kwargs={"k": [2]}, options={"priority": 3}), spec("b"))
+    store.tick(entries, T0, RNG, 100)
+    first = store.claim_batch("d", T0, 1, claim_timeout=60)
+    assert len(first) == 1
+    claimed = first[0]
+    assert (claimed.task, claimed.args, claimed.kwargs) == ("proj.a", [1, "x"], {"k": [2]})
+    assert (
+        claimed.options["priority"] == 3 and claimed.options["headers"]["boundedbeat_run"] == claimed.run_id
+    )
+    assert claimed.due_at == T0 and claimed.due_at.utcoffset() == timedelta(0)
+
+    second = store.mark_and_claim("d", first, T0 + sec(1), 10, claim_timeout=60)
+    assert [c.task for c in second] == ["proj.b"]
+    run = store.run(claimed.run_id or "")
+    assert run is not None and (run.state, run.published_at) == ("published", T0 + sec(1))
+    assert count(store, QueueRow) == 1  # only the newly claimed row is left
+
+    assert store.mark_and_claim("d", second, T0 + sec(2), 0, claim_timeout=60) == []
+    assert count(store, QueueRow) == 0
+    assert store.mark_and_claim("d", [], T0 + sec(3), 0, claim_timeout=60) == []
+
+
 def test_claims_come_oldest_due_first(store: Store) -> None:
     """claim_batch hands out rows in due order."""
     entries = setup(store, spec("late"), spec("early"))
