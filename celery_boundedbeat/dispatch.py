@@ -15,10 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
 from kombu.utils.url import maybe_sanitize_url
 
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
@@ -84,30 +86,30 @@ class Dispatcher:
         def stopping() -> bool:
             return (shutdown is not None and shutdown.is_set()) or not self.may_run()
 
-        # The database work of one batch (marking it, claiming the next) runs in a helper
-        # thread while the current batch is being published: the broker never waits on SQL.
+        # The database work between two batches (marking the one just published, claiming
+        # the one after next) runs in a helper thread, in one transaction, while the current
+        # batch is being published: the broker never waits on SQL.
         with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
             batch = [] if stopping() else claim()
-            marking: Future[None] | None = None
+            previous: list[Claimed] = []  # published, not yet marked
             while batch:
-                following = db.submit(claim) if len(batch) == size and not stopping() else None
+                wanted = size if len(batch) == size and not stopping() else 0
+                job = db.submit(self._mark_and_claim, previous, wanted)
                 done, error = self._publish(batch)
-                if marking is not None:
-                    marking.result()
-                marking = db.submit(self._mark_published, done)
                 published += len(done)
+                following = job.result()
+                previous = done
                 if error is not None:
-                    marking.result()
-                    unsent = batch[len(done) :] + (following.result() if following else [])
-                    self.store.release_claims(self.name, unsent, error)
+                    self._mark_and_claim(done, 0)
+                    self.store.release_claims(self.name, batch[len(done) :] + following, error)
                     self._report_outage(error)
                     return Iteration(has_activity=bool(published), failed=True)
-                batch = following.result() if following else []
+                batch = following
                 if batch and stopping():
                     self.store.release_claims(self.name, batch, "dispatcher stopping")
                     batch = []
-            if marking is not None:
-                marking.result()
+            if previous:
+                self._mark_and_claim(previous, 0)
         if self.broker_down and published:
             self.broker_down = False
             logger.warning(
@@ -117,13 +119,17 @@ class Dispatcher:
         self.published_total += published
         return Iteration(has_activity=published > 0 or bool(rejected))
 
-    def _mark_published(self, done: list[Claimed]) -> None:
-        """Record what the broker accepted; retried, because failing here means re-publishing
-        the batch after the claim expires (the same task ids, but a second execution)."""
+    def _mark_and_claim(self, done: list[Claimed], wanted: int) -> list[Claimed]:
+        """Record what the broker accepted and claim up to ``wanted`` more rows.
+
+        Retried, because failing here means re-publishing the batch after its claim expires
+        (the same task ids, but a second execution).
+        """
         for attempt in range(3):
             try:
-                self.store.mark_published(self.name, done, utcnow())
-                return
+                return self.store.mark_and_claim(
+                    self.name, done, utcnow(), wanted, self.settings.dispatch_claim_timeout
+                )
             except Exception:
                 if attempt == 2:
                     raise
@@ -131,8 +137,9 @@ class Dispatcher:
                     "celery_boundedbeat: recording a published batch failed; retrying", exc_info=True
                 )
                 time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
-    def _send(self, producer: Any, row: Claimed, options: dict[str, Any]) -> None:
+    def _send(self, producer: Any, row: Claimed, options: dict[str, Any], batch: _BatchCache) -> None:
         """Publish one message the way ``app.send_task`` does, minus its per-call overhead.
 
         Same routing (the task's own options, ``task_routes``), same message (protocol 2 with
@@ -141,37 +148,43 @@ class Dispatcher:
         """
         app = self.app
         amqp = app.amqp
-        task_type = app.tasks.get(row.task)
-        if task_type is not None:
-            defaults = {k: v for k, v in (task_type._get_exec_options() or {}).items() if v is not None}
-            if defaults:
-                options = dict(defaults, **options)
+        task_type, defaults = batch.task(row.task)
+        if defaults:
+            options = dict(defaults, **options)
         headers = options.pop("headers", None)
         time_limit = options.pop("time_limit", None)
         soft_time_limit = options.pop("soft_time_limit", None)
         expires = options.pop("expires", None)
         ignore_result = options.pop("ignore_result", None)
-        options = amqp.router.route(options, row.task, row.args, row.kwargs, task_type)
+        declare = options.pop("declare", None)
+        options = batch.route(options, row, task_type)
+        if declare is not None:
+            options["declare"] = declare
+        if expires is not None:
+            # The broker drops the message at expiry too (AMQP ``expiration``), as send_task does.
+            options["expiration"] = _seconds_until(expires, app)
         message = amqp.create_task_message(
             row.task_id,
             row.task,
             row.args,
             row.kwargs,
             expires=expires,
-            reply_to=app.thread_oid,
+            reply_to=batch.reply_to,
             time_limit=time_limit,
             soft_time_limit=soft_time_limit,
             create_sent_event=self._sent_event,
-            ignore_result=bool(ignore_result),
+            ignore_result=ignore_result,
+            origin=batch.origin,
             **options,
         )
         if not ignore_result:
-            app.backend.on_task_call(producer, row.task_id)
+            batch.backend.on_task_call(producer, row.task_id)
         amqp.send_task_message(producer, row.task, message, headers=headers, retry=False, **options)
 
     def _publish(self, batch: list[Claimed]) -> tuple[list[Claimed], str | None]:
         done: list[Claimed] = []
         try:
+            cache = _BatchCache(self.app)
             with self.app.producer_or_acquire() as producer:
                 declared: set[str] = set()
                 for row in batch:
@@ -182,7 +195,7 @@ class Dispatcher:
                         options.setdefault("declare", [])
                     declared.add(route)
                     if _NEEDS_SEND_TASK.isdisjoint(options):
-                        self._send(producer, row, options)
+                        self._send(producer, row, options, cache)
                     else:
                         self.app.send_task(
                             row.task,
@@ -221,3 +234,54 @@ class Dispatcher:
             lambda: self.settings.dispatch_interval,
             lambda: self.settings.dispatch_max_interval,
         )
+
+
+class _BatchCache:
+    """What stays the same for every message of one batch, looked up once.
+
+    Routing is cached only without ``task_routes``: a router may look at each message's
+    arguments, so with routers every message is routed on its own.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.router = app.amqp.router
+        self.backend = app.backend
+        self.reply_to = app.thread_oid
+        self.origin = anon_nodename()
+        self._tasks: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._routes: dict[Any, dict[str, Any]] | None = None if self.router.routes else {}
+
+    def task(self, name: str) -> tuple[Any, dict[str, Any]]:
+        """The registered task (or None) and its non-empty execution defaults."""
+        found = self._tasks.get(name)
+        if found is None:
+            task_type = self.app.tasks.get(name)
+            defaults: dict[str, Any] = {}
+            if task_type is not None:
+                defaults = {k: v for k, v in (task_type._get_exec_options() or {}).items() if v is not None}
+            found = self._tasks[name] = (task_type, defaults)
+        return found
+
+    def route(self, options: dict[str, Any], row: Claimed, task_type: Any) -> dict[str, Any]:
+        if self._routes is None:
+            return self.router.route(options, row.task, row.args, row.kwargs, task_type)  # type: ignore[no-any-return]
+        try:
+            key = (row.task, frozenset(options.items()))
+        except TypeError:  # an unhashable option (a declare list, a Queue object)
+            return self.router.route(options, row.task, row.args, row.kwargs, task_type)  # type: ignore[no-any-return]
+        routed = self._routes.get(key)
+        if routed is None:
+            routed = self._routes[key] = self.router.route(options, row.task, row.args, row.kwargs, task_type)
+        return dict(routed)
+
+
+def _seconds_until(expires: Any, app: Celery) -> float:
+    """``expires`` (seconds, datetime or ISO text) as a non-negative TTL in seconds."""
+    if isinstance(expires, str):
+        expires = datetime.fromisoformat(expires)
+    if isinstance(expires, datetime):
+        when = expires if expires.tzinfo is not None else expires.replace(tzinfo=app.timezone)
+        now: datetime = app.now()
+        return max(0.0, (when - now).total_seconds())
+    return max(0.0, float(expires))
