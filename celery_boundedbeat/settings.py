@@ -52,7 +52,7 @@ class Settings:
     dispatch_interval: float = 1.0
     dispatch_max_interval: float = 30.0
     #: Queue rows claimed and published per batch.
-    dispatch_batch_size: int = 500
+    dispatch_batch_size: int = 1000
     #: A claimed row whose dispatcher died returns to the queue after this many seconds.
     dispatch_claim_timeout: float = 60.0
     #: A queued run that could not be published for this long settles ``rejected``.
