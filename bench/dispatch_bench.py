@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import time
 import uuid
@@ -31,6 +32,52 @@ from celery_boundedbeat.store import Store, message_options
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+class CpuMeter:
+    """CPU seconds spent by this process, PostgreSQL and RabbitMQ over a measured phase.
+
+    Linux only (reads /proc). It shows where a phase's CPU goes on a machine whose cores the
+    broker, the database and the benchmark share.
+    """
+
+    SERVERS = {"postgres": "PostgreSQL", "beam.smp": "RabbitMQ"}
+
+    def __init__(self) -> None:
+        self.totals: dict[str, dict[str, float]] = {}
+        self._start: dict[tuple[str, str], float] = {}
+
+    def _now(self) -> dict[tuple[str, str], float]:
+        """CPU seconds per (name, pid); a server process started mid-phase counts in full."""
+        tick = os.sysconf("SC_CLK_TCK")
+        used = {("this process", "self"): time.process_time()}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    comm, _, rest = f.read().partition(" (")[2].rpartition(") ")
+            except OSError:
+                continue
+            name = self.SERVERS.get(comm)
+            if name is not None:
+                fields = rest.split()
+                used[(name, pid)] = (int(fields[11]) + int(fields[12])) / tick
+        return used
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self, phase: str, rows: int) -> None:
+        mine = self.totals.setdefault(phase, {})
+        for (name, pid), seconds in self._now().items():
+            spent = seconds - self._start.get((name, pid), 0.0)
+            mine[name] = mine.get(name, 0.0) + spent / rows * 1e6
+
+    def report(self, rounds: int) -> str:
+        lines = []
+        for phase, used in self.totals.items():
+            parts = ", ".join(f"{k} {v / rounds:.0f}" for k, v in used.items())
+            lines.append(f"  {phase}: {parts} (total {sum(used.values()) / rounds:.0f})")
+        return "CPU µs per message, mean over rounds:\n" + "\n".join(lines)
 
 
 def make_db() -> str:
@@ -162,6 +209,7 @@ def main() -> None:
     batch_size = args.batch_size or int(cast(int, default_batch))
     print(f"rows: {args.rows} per round, {args.rounds} rounds, dispatch batch size {batch_size}")
     ratios = []
+    cpu = CpuMeter()
     for n in range(1, args.rounds + 1):
         db = make_db()
         samples: list[Any] = []
@@ -172,8 +220,12 @@ def main() -> None:
             steady(db)
             settings = Settings(database_url=str(store.engine.url), dispatch_batch_size=batch_size)
             # The baseline runs before and after, so a busy machine hurts both sides alike.
+            cpu.start()
             before = plain_kombu(app, args.rows, queue, samples)
+            cpu.stop("plain kombu loop", args.rows)
+            cpu.start()
             ours = dispatcher(app, store, settings, args.rows, queue, samples)
+            cpu.stop("dispatcher", args.rows)
             after = plain_kombu(app, args.rows, queue, samples)
             store.engine.dispose()
         finally:
@@ -191,6 +243,7 @@ def main() -> None:
         f"ratio: median {statistics.median(ratios):.2f}, "
         f"range {min(ratios):.2f}-{max(ratios):.2f} (target >= 0.70)"
     )
+    print(cpu.report(args.rounds))
 
 
 if __name__ == "__main__":
