@@ -30,7 +30,7 @@ def never_two_active(bb: Harness, name: str):
 
 
 def test_prefork_child_killed_mid_run_is_lost_and_frees_its_slot(bb: Harness, measure: Measure) -> None:
-    """A prefork child killed by SIGKILL mid-run settles its run lost at once and the schedule goes on."""
+    """A prefork child killed by SIGKILL mid-run settles lost within the bound; the schedule goes on."""
     write_app(bb, {"victim": bb.entry("victim", 1.0, durations=[30, 0.3])})
     worker, _beat = bb.start(pool="prefork", concurrency=2)
     first = bb.wait_until(lambda: started_run(bb, "victim"), 30, "the first run to start")
