@@ -129,7 +129,11 @@ class QueueRow(Base):
     """A message waiting to be published (the DB-backed queue / transactional outbox)."""
 
     __tablename__ = "boundedbeat_queue"
-    __table_args__ = (Index("ix_boundedbeat_queue_due_at_id", "due_at", "id"),)
+    # Free space on each page keeps claims heap-only updates (migration 0002).
+    __table_args__ = (
+        Index("ix_boundedbeat_queue_due_at_id", "due_at", "id"),
+        {"postgresql_with": {"fillfactor": 40}},
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     run_id: Mapped[str | None] = mapped_column(String(36), nullable=True, unique=True)

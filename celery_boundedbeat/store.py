@@ -538,9 +538,9 @@ class Store:
                 run_id=row[1],
                 task_id=row[2],
                 task=row[3],
-                args=list(row[4] or []),
-                kwargs=dict(row[5] or {}),
-                options=dict(row[6] or {}),
+                args=row[4] or [],  # json.loads made fresh objects: no copies
+                kwargs=row[5] or {},
+                options=row[6] or {},
                 due_at=parse(row[7]).astimezone(UTC),
                 enqueued_at=parse(row[8]).astimezone(UTC),
             )

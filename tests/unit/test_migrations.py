@@ -11,9 +11,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 
 from celery_boundedbeat.exceptions import DatabaseNotMigratedError
 from celery_boundedbeat.migrate import (
@@ -47,6 +49,30 @@ def test_alembic_head_equals_the_models(engine: Engine) -> None:
     assert diff == []
 
 
+def test_the_queue_table_leaves_room_for_heap_only_claims(engine: Engine) -> None:
+    """On PostgreSQL the queue table has fill factor 40 after upgrade, and loses it on downgrade."""
+    if engine.dialect.name != "postgresql":
+        upgrade(engine)  # SQLite: nothing to set, the migration must simply pass
+        assert current_revision(engine) == head_revision()
+        return
+
+    def reloptions() -> list[str]:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = 'boundedbeat_queue'")
+            ).scalar_one()
+        return list(found or [])
+
+    upgrade(engine)
+    assert reloptions() == ["fillfactor=40"]
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0001")
+    assert reloptions() == []
+
+
 def test_migrations_use_their_own_version_table(engine: Engine) -> None:
     """The revision is kept in boundedbeat_alembic_version, never in the application's alembic_version."""
     assert current_revision(engine) is None
@@ -68,10 +94,7 @@ def test_upgrade_is_idempotent_and_required(engine: Engine) -> None:
 
 
 def test_downgrade_to_base_removes_every_table(engine: Engine) -> None:
-    """The initial migration downgrades cleanly (only the version table may remain)."""
-    from alembic import command
-    from alembic.config import Config
-
+    """The migrations downgrade cleanly (only the version table may remain)."""
     upgrade(engine)
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
