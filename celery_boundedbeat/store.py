@@ -64,7 +64,7 @@ LATE_OUTCOME = "late outcome from the worker"
 
 
 #: The PostgreSQL claim: pick (skipping rows another dispatcher holds), claim, and return the
-#: batch as one JSON text in due order (see ``Store._claim_batch_postgres``).
+#: batch as one JSON text in due order (see ``Store._claim_postgres``).
 _PG_CLAIM = text(
     """
     WITH picked AS (
