@@ -80,9 +80,6 @@ class Dispatcher:
         published = 0
         size = self.settings.dispatch_batch_size
 
-        def claim() -> list[Claimed]:
-            return self.store.claim_batch(self.name, utcnow(), size, self.settings.dispatch_claim_timeout)
-
         def stopping() -> bool:
             return (shutdown is not None and shutdown.is_set()) or not self.may_run()
 
@@ -90,7 +87,7 @@ class Dispatcher:
         # the one after next) runs in a helper thread, in one transaction, while the current
         # batch is being published: the broker never waits on SQL.
         with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
-            batch = [] if stopping() else claim()
+            batch = [] if stopping() else self._mark_and_claim([], size)
             previous: list[Claimed] = []  # published, not yet marked
             while batch:
                 wanted = size if len(batch) == size and not stopping() else 0

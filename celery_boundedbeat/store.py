@@ -450,9 +450,7 @@ class Store:
 
     def mark_published(self, claimer: str, rows: Sequence[Claimed], now: datetime) -> None:
         """The broker accepted these: stamp ``published_at`` once, drop them from the queue."""
-        if rows:
-            with self.engine.begin() as conn:
-                self._mark(conn, claimer, rows, now)
+        self.mark_and_claim(claimer, rows, now, 0, 0.0)
 
     def mark_and_claim(
         self, claimer: str, done: Sequence[Claimed], now: datetime, limit: int, claim_timeout: float
