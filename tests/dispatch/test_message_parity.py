@@ -111,7 +111,6 @@ def claimed(task: str, options: dict[str, Any], *, args: list[Any] | None = None
         kwargs={"three": 3},
         options=message_options(options, Policy(max_run_time=30.0), run_id, "parity"),
         due_at=now,
-        enqueued_at=now,
     )
 
 
