@@ -77,6 +77,11 @@ class CpuMeter:
         for phase, used in self.totals.items():
             parts = ", ".join(f"{k} {v / rounds:.0f}" for k, v in used.items())
             lines.append(f"  {phase}: {parts} (total {sum(used.values()) / rounds:.0f})")
+        totals = [sum(used.values()) for used in self.totals.values()]
+        if len(totals) == 2 and totals[1]:
+            # Less noisy than the rates on a shared machine: where the CPU is the limit (both
+            # cores busy), throughput follows CPU cost, so this is the ratio to expect there.
+            lines.append(f"  CPU cost ratio (plain loop / dispatcher): {totals[0] / totals[1]:.2f}")
         return "CPU µs per message, mean over rounds:\n" + "\n".join(lines)
 
 
