@@ -19,7 +19,7 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from celery_boundedbeat.dispatch import Dispatcher
+from celery_boundedbeat.dispatch import Dispatcher, _ConfirmingPublisher
 from celery_boundedbeat.policy import Policy
 from celery_boundedbeat.settings import Settings
 from celery_boundedbeat.store import Claimed, Store, message_options
@@ -55,8 +55,10 @@ def names() -> Iterator[dict[str, str]]:
                 channel.queue_delete(name)
 
 
-def make_app(names: dict[str, str]) -> Celery:
+def make_app(names: dict[str, str], *, confirms: bool = False) -> Celery:
     app = Celery(f"parity_{uuid.uuid4().hex[:6]}", broker=RABBIT, set_as_current=False)
+    if confirms:
+        app.conf.broker_transport_options = {"confirm_publish": True}
     app.conf.task_default_queue = names["default"]
     app.conf.task_routes = {"proj.routed": {"queue": names["routed"]}}
     app.conf.task_create_missing_queues = True
@@ -124,19 +126,28 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("confirms", [False, True], ids=["pooled producer", "confirming channel"])
 @pytest.mark.parametrize(("label", "task", "options", "lands_on"), CASES, ids=[c[0] for c in CASES])
 def test_dispatcher_sends_what_send_task_sends(
-    names: dict[str, str], label: str, task: str, options: dict[str, Any], lands_on: str
+    names: dict[str, str], label: str, task: str, options: dict[str, Any], lands_on: str, confirms: bool
 ) -> None:
-    """One row through the dispatcher, the same row through ``send_task``: identical messages."""
-    app = make_app(names)
+    """One row through the dispatcher, the same row through ``send_task``: identical messages.
+
+    Also with ``confirm_publish``, where the dispatcher publishes on its own confirming channel.
+    """
+    app = make_app(names, confirms=confirms)
     options = {k: (v.format(**names) if isinstance(v, str) else v) for k, v in options.items()}
     row = claimed(task, options)
     dispatcher = Dispatcher(app, Store.__new__(Store), Settings(database_url="sqlite://"))
 
     # Twice in one batch: the second message takes the cached route.
     twin = claimed(task, options)
-    done, error = dispatcher._publish([row, twin])
+    publisher = _ConfirmingPublisher(app, timeout=10) if confirms else None
+    try:
+        done, error = dispatcher._publish([row, twin], publisher)
+    finally:
+        if publisher is not None:
+            publisher.close()
     assert error is None and len(done) == 2, error
     ours = received(names[lands_on])
     ours_again = received(names[lands_on])

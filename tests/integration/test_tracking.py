@@ -88,3 +88,21 @@ def test_every_pool_tracks_runs_with_task_id_equal_to_run_id(bb: Harness, pool: 
     assert in_main == {pool != "prefork"}, f"{pool}: tasks ran in pids {[iv.pid for iv in seen.values()]}"
     # Recording runs never failed, not even for the twin runs starting together.
     bb.assert_no_errors()
+
+
+@pytest.mark.parametrize("backend", ["pg-rabbitmq"], indirect=True)
+def test_with_confirm_publish_runs_are_published_confirmed_and_tracked(bb: Harness) -> None:
+    """Celery's ``confirm_publish`` switches the in-beat dispatcher to batch confirms; runs flow
+    through real beat and worker exactly as without it."""
+    bb.write_app(
+        {"confirmed": bb.entry("confirmed", 0.5, durations=[0.1])},
+        broker_transport_options={"confirm_publish": True},
+    )
+    bb.start(concurrency=2)
+    bb.wait_until(
+        lambda: len(bb.finished("confirmed")) >= 4, timeout=40, what="4 completed runs of 'confirmed'"
+    )
+    for run in bb.finished("confirmed"):
+        assert run.published_at is not None and run.started_at is not None, run.short()
+        assert run.enqueued_at <= run.published_at <= run.started_at, run.short()
+    bb.assert_no_errors()
