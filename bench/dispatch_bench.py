@@ -206,13 +206,21 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the product default")
+    parser.add_argument(
+        "--confirm-publish",
+        action="store_true",
+        help="dispatcher with Celery's confirm_publish (batch confirms); the plain loop stays unconfirmed",
+    )
     args = parser.parse_args()
     queue = f"bb_bench_{uuid.uuid4().hex[:8]}"
     app = Celery("bench", broker=BROKER, set_as_current=False)
     app.conf.task_default_queue = queue
+    if args.confirm_publish:
+        app.conf.broker_transport_options = {"confirm_publish": True}
     default_batch = next(f.default for f in dataclasses.fields(Settings) if f.name == "dispatch_batch_size")
     batch_size = args.batch_size or int(cast(int, default_batch))
-    print(f"rows: {args.rows} per round, {args.rounds} rounds, dispatch batch size {batch_size}")
+    confirms = ", dispatcher with publisher confirms" if args.confirm_publish else ""
+    print(f"rows: {args.rows} per round, {args.rounds} rounds, dispatch batch size {batch_size}{confirms}")
     ratios = []
     cpu = CpuMeter()
     for n in range(1, args.rounds + 1):
