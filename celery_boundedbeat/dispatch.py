@@ -233,8 +233,6 @@ class Dispatcher:
                             add_to_parent=False,
                             **options,
                         )
-                    if publisher is not None:
-                        publisher.next_tag += 1
                     done.append(row)
             if publisher is not None:
                 sent = len(done)
@@ -331,8 +329,12 @@ class _ConfirmingPublisher:
         self._answer(delivery_tag, multiple, False)
 
     def accepted(self, first_tag: int, rows: list[Claimed], *, wait: bool) -> list[Claimed]:
-        """The rows (tags from ``first_tag`` on) the broker acknowledged, waiting for its answers."""
-        last = first_tag + len(rows) - 1
+        """The rows (tags from ``first_tag`` on) the broker acknowledged, waiting for its answers.
+
+        ``rows`` are the ones published since ``first_tag``, in order: they took those tags.
+        """
+        self.next_tag = first_tag + len(rows)
+        last = self.next_tag - 1
         if wait:
             deadline = time.monotonic() + self.timeout
             while self._unresolved <= last:
