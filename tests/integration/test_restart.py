@@ -81,8 +81,15 @@ def test_restarted_beat_handles_missed_ticks_by_policy(bb: Harness) -> None:
             assert epoch(second.scheduled_for) < epoch(first.finished_at), detail
             assert epoch(second.started_at) - epoch(first.finished_at) < 1.5, detail
         else:
-            # Nothing was kept: the next run is a fresh tick.
-            assert epoch(second.scheduled_for) > epoch(first.finished_at) - 0.25, detail
+            # Nothing was kept (the pending_runs == 0 check above): the next run is the newest
+            # tick at the moment the beat looked with the slot free. That is usually a tick
+            # after the finish; a beat that looked late on a loaded machine may find the slot
+            # already free for a tick that passed just before the finish, and runs that tick
+            # late, as the reference driver does. Either way the beat emitted it after the
+            # finish and it is less than one period old.
+            emitted_after = epoch(second.enqueued_at) - epoch(first.finished_at)
+            assert emitted_after >= -0.005, detail
+            assert epoch(second.enqueued_at) - epoch(second.scheduled_for) < PERIOD, detail
         keys = Counter((r.schedule, r.scheduled_for) for r in runs)
         assert max(keys.values()) == 1, f"duplicate ticks: {keys.most_common(3)}"
         first_tick = epoch(runs[0].scheduled_for)
