@@ -11,6 +11,11 @@ from .engine import normalize_url, safe_url
 logger = logging.getLogger("celery_boundedbeat")
 
 
+#: How often the listening thread looks at its stop flag: it bounds how long ``stop()`` (and
+#: so beat's exit on SIGTERM) waits; an idle wakeup costs one poll() call.
+STOP_CHECK_EVERY = 0.2
+
+
 class Listener:
     """Listens on channels and calls ``on_notify(channel, payload)``; reconnects after errors."""
 
@@ -24,9 +29,11 @@ class Listener:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, grace: float = 2.0) -> None:
+    def stop(self, grace: float = 2.0) -> bool:
+        """Ask the thread to end; returns whether it did within ``grace`` seconds."""
         self._stop.set()
         self._thread.join(grace)
+        return not self._thread.is_alive()
 
     def _conninfo(self) -> str:
         return normalize_url(self._url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -47,7 +54,7 @@ class Listener:
                     for channel in self._channels:
                         self._on_notify(channel, "")
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
+                        for note in conn.notifies(timeout=STOP_CHECK_EVERY):
                             self._on_notify(note.channel, note.payload)
             except Exception as exc:
                 failures += 1
