@@ -256,6 +256,30 @@ def test_mark_and_claim_marks_one_batch_and_claims_the_next(store: Store) -> Non
     assert store.mark_and_claim("d", [], T0 + sec(3), 0, claim_timeout=60) == []
 
 
+def test_published_never_follows_started_whichever_process_writes_first(store: Store) -> None:
+    """The dispatcher marks a batch after the broker took it, with its own clock reading; a
+    worker may start a run of that batch first, or read its clock before the mark and commit
+    after it. Either way ``published_at <= started_at``; a later start keeps the mark's time."""
+    entries = setup(store, spec("a"), spec("b"), spec("c"))
+    store.tick(entries, T0, RNG, 100)
+    batch = {c.task: c for c in store.claim_batch("d", T0, 10, claim_timeout=60)}
+    a, b, c = (batch[f"proj.{name}"].run_id or "" for name in "abc")
+    assert start(store, a, T0 + sec(1))  # committed before the mark
+    store.mark_published("d", list(batch.values()), T0 + sec(2))
+    assert start(store, b, T0 + sec(1.5))  # clock read before the mark, committed after it
+    assert start(store, c, T0 + sec(3))  # an ordinary start after the mark
+    expected = {
+        a: (T0 + sec(1), T0 + sec(1)),
+        b: (T0 + sec(1.5), T0 + sec(1.5)),
+        c: (T0 + sec(2), T0 + sec(3)),
+    }
+    for run_id, (published_at, started_at) in expected.items():
+        run = store.run(run_id)
+        assert run is not None
+        assert (run.state, run.published_at, run.started_at) == ("started", published_at, started_at)
+    assert count(store, QueueRow) == 0
+
+
 def test_claims_come_oldest_due_first(store: Store) -> None:
     """claim_batch hands out rows in due order."""
     entries = setup(store, spec("late"), spec("early"))
