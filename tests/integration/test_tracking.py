@@ -81,6 +81,7 @@ def test_every_pool_tracks_runs_with_task_id_equal_to_run_id(bb: Harness, pool: 
         run = runs[run_id]
         assert run.worker and bb.uid in run.worker, run.short()
         assert run.started_at and run.finished_at and run.published_at, run.short()
+        assert run.enqueued_at <= run.published_at <= run.started_at, run.short()
         assert epoch(run.started_at) <= seen[run_id].start <= seen[run_id].end <= epoch(run.finished_at), (
             f"the task ran outside its recorded started/finished window: {run.short()} {seen[run_id]}"
         )
