@@ -638,21 +638,20 @@ class Store:
                 .values(
                     state=RunState.STARTED.value,
                     started_at=now,
+                    # A worker holds the message, so it was published by ``now`` at the latest.
+                    # The dispatcher may have marked it with a later clock reading (its mark
+                    # committed first, or it read its clock after the worker did): published
+                    # never follows started.
+                    published_at=case(
+                        (or_(RunRow.published_at.is_(None), RunRow.published_at > now), now),
+                        else_=RunRow.published_at,
+                    ),
                     worker=worker,
                     process=process,
                     deadline_at=deadline,
                 )
             )
             if result.rowcount:  # type: ignore[attr-defined]
-                # A worker holds the message, so it was published by ``now`` at the latest. The
-                # dispatcher may have marked it with a later clock reading (its mark committed
-                # first, or it read its clock after the worker did): published never follows
-                # started.
-                s.execute(
-                    update(RunRow)
-                    .where(RunRow.id == run_id, or_(RunRow.published_at.is_(None), RunRow.published_at > now))
-                    .values(published_at=now)
-                )
                 s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
             else:
                 # Redelivered after a worker died: keep the run, point it at the new process.
