@@ -20,15 +20,16 @@ from typing import Any, cast
 import psycopg
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
-from sqlalchemy import insert
+from sqlalchemy import func, insert, select
 
 from celery_boundedbeat.dispatch import Dispatcher
 from celery_boundedbeat.engine import get_engine
+from celery_boundedbeat.messages import message_options
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import Policy
 from celery_boundedbeat.schema import QueueRow, RunRow
 from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store, message_options
+from celery_boundedbeat.store import Store
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -184,12 +185,17 @@ def plain_kombu(app: Celery, rows: int, queue: str, samples: list[Any]) -> float
     return rows / elapsed
 
 
+def queue_depth(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.scalar(select(func.count()).select_from(QueueRow)) or 0)
+
+
 def dispatcher(
     app: Celery, store: Store, settings: Settings, rows: int, queue: str, samples: list[Any]
 ) -> float:
     d = Dispatcher(app, store, settings)
     started = time.perf_counter()
-    while store.queue_depth() > 0:
+    while queue_depth(store) > 0:
         result = d.drain()
         if result.failed:
             raise SystemExit("dispatcher failed; see log")

@@ -40,6 +40,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from .dispatch import Dispatcher
 from .engine import get_engine, safe_url
 from .exceptions import BoundedBeatError, ConfigurationError
+from .messages import clip_error, error_text
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import EntrySpec
@@ -291,7 +292,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         streak.failed(exc)
         if _is_disconnect(exc) and self._db_down_since is None:
             self._db_down_since = time.monotonic()
-        self._unrecorded.append((loop, started, utcnow(), f"{type(exc).__name__}: {exc}"[:4000]))
+        self._unrecorded.append((loop, started, utcnow(), error_text(exc)))
         if not _is_disconnect(exc):
             self._flush_records()
 
@@ -321,7 +322,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     record.name,
                     datetime.fromtimestamp(record.started_at, UTC),
                     datetime.fromtimestamp(record.finished_at, UTC),
-                    record.error[:4000],
+                    clip_error(record.error),
                 )
             )
 

@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, Mode, RunState
+from .messages import clip_error, message_options
 from .policy import EntrySpec, Policy, ScheduleState, TickOutcome, initial_state, on_due, on_settle
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
 
@@ -48,11 +49,6 @@ logger = logging.getLogger("celery_boundedbeat")
 #: PostgreSQL NOTIFY channels: a run settled (payload: schedule name); a queue row was added.
 SETTLED_CHANNEL = "boundedbeat_settled"
 QUEUE_CHANNEL = "boundedbeat_queue"
-
-#: Header names put on every message so workers recognise a scheduled run.
-RUN_HEADER = "boundedbeat_run"
-SCHEDULE_HEADER = "boundedbeat_schedule"
-MAX_RUN_TIME_HEADER = "boundedbeat_max_run_time"
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
 #: Terminal states the beat decides without hearing from the task (reaper, dispatcher).
@@ -141,30 +137,6 @@ def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
     row.max_elapsed_ms = state.max_elapsed_ms
     row.stopped = state.stopped
     row.updated_at = now
-
-
-def message_options(
-    spec_options: Mapping[str, Any],
-    policy: Policy,
-    run_id: str,
-    schedule: str,
-    *,
-    expires_after: float | None = None,
-) -> dict[str, Any]:
-    """Publish options of one run: the entry's options, our headers, time limits and expiry."""
-    options = dict(spec_options)
-    if expires_after is not None:
-        options.setdefault("expires", expires_after)
-    headers = dict(options.pop("headers", None) or {})
-    headers[RUN_HEADER] = run_id
-    headers[SCHEDULE_HEADER] = schedule
-    if policy.max_run_time is not None:
-        headers[MAX_RUN_TIME_HEADER] = policy.max_run_time
-        # The soft limit lets the task clean up; the hard limit follows a little later.
-        options.setdefault("soft_time_limit", policy.max_run_time)
-        options.setdefault("time_limit", policy.max_run_time + max(1.0, policy.max_run_time * 0.1))
-    options["headers"] = headers
-    return options
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -581,12 +553,8 @@ class Store:
             s.execute(
                 update(QueueRow)
                 .where(QueueRow.id.in_([r.id for r in rows]), QueueRow.claimed_by == claimer)
-                .values(claimed_by=None, claimed_until=None, last_error=error[:2000])
+                .values(claimed_by=None, claimed_until=None, last_error=clip_error(error))
             )
-
-    def queue_depth(self) -> int:
-        with self.session() as s:
-            return int(s.scalar(select(func.count()).select_from(QueueRow)) or 0)
 
     def reject_unpublished(self, now: datetime, publish_timeout: float, rng: random.Random) -> list[Settled]:
         """Queued runs older than the publish limit settle ``rejected`` and leave the queue."""
@@ -753,7 +721,7 @@ class Store:
         s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state == settled_as, guard)
-            .values(error=text_[:4000])
+            .values(error=clip_error(text_))
         )
 
     def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
@@ -786,10 +754,6 @@ class Store:
             result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
             if not result.rowcount:  # type: ignore[attr-defined]
                 s.add(WorkerRow(id=process, hostname=hostname, pid=pid, heartbeat_at=now))
-
-    def forget_worker(self, process: str) -> None:
-        with self.session() as s:
-            s.execute(delete(WorkerRow).where(WorkerRow.id == process))
 
     def forget_silent_workers(self, older_than: datetime) -> int:
         """Drop heartbeat rows of processes silent since ``older_than`` (dead or long idle).

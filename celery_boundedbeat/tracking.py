@@ -36,9 +36,10 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLo
 from .engine import get_engine
 from .enums import RunState
 from .exceptions import NotInScheduledRunError
+from .messages import MAX_RUN_TIME_HEADER, RUN_HEADER, error_text
 from .runtime import OutageLog
 from .settings import Settings
-from .store import MAX_RUN_TIME_HEADER, RUN_HEADER, Settled, Store, utcnow
+from .store import Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
 
@@ -286,12 +287,6 @@ def _run_id_of(task: Any) -> str | None:
     return str(run_id) if run_id else None
 
 
-def _error_text(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    return f"{type(exc).__name__}: {exc}"[:4000]
-
-
 _Receiver = Callable[..., None]
 
 
@@ -374,11 +369,11 @@ def _on_failure(
     if tracker is None or run_id is None:
         return
     if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
-        tracker.settle(run_id, RunState.TIMED_OUT, _error_text(exception))
+        tracker.settle(run_id, RunState.TIMED_OUT, error_text(exception))
     elif isinstance(exception, WorkerLostError):
-        tracker.settle(run_id, RunState.LOST, "worker process died: " + _error_text(exception))
+        tracker.settle(run_id, RunState.LOST, "worker process died: " + error_text(exception))
     else:
-        tracker.settle(run_id, RunState.FAILED, _error_text(exception))
+        tracker.settle(run_id, RunState.FAILED, error_text(exception))
 
 
 @_guard("task_postrun")
@@ -401,7 +396,7 @@ def _on_postrun(
         tracker.settle(run_id, RunState.COMPLETED)
     elif state == "FAILURE":
         tracker.settle(
-            run_id, RunState.FAILED, _error_text(retval if isinstance(retval, BaseException) else None)
+            run_id, RunState.FAILED, error_text(retval if isinstance(retval, BaseException) else None)
         )
     elif state == "REVOKED":
         tracker.settle(run_id, RunState.REVOKED, "revoked")
@@ -435,7 +430,7 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: BaseException | N
     run_id = headers.get(RUN_HEADER)
     if tracker is not None and run_id:
         # The worker refused the message (unknown task, bad payload): it will never run.
-        tracker.settle(str(run_id), RunState.REJECTED, _error_text(exc) if exc else "rejected by the worker")
+        tracker.settle(str(run_id), RunState.REJECTED, error_text(exc) if exc else "rejected by the worker")
 
 
 @_guard("task_internal_error")
@@ -445,7 +440,7 @@ def _on_internal_error(
     tracker = _tracker_for(sender)
     run_id = _run_id_of(sender)
     if tracker is not None and run_id is not None:
-        tracker.settle(run_id, RunState.FAILED, "internal error: " + _error_text(exception))
+        tracker.settle(run_id, RunState.FAILED, "internal error: " + error_text(exception))
 
 
 @_guard("worker_shutdown")

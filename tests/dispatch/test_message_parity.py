@@ -20,9 +20,10 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_boundedbeat.dispatch import Dispatcher, _ConfirmingPublisher
+from celery_boundedbeat.messages import message_options
 from celery_boundedbeat.policy import Policy
 from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Claimed, Store, message_options
+from celery_boundedbeat.store import Claimed, Store
 
 pytestmark = [
     pytest.mark.rabbitmq,

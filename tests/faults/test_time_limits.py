@@ -11,7 +11,7 @@ from .support import check_books, notes, run, task_entry, write_app
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 MAX_RUN_TIME = 2.0
-#: store.message_options: the hard limit follows the soft one by max(1 s, 10 %).
+#: messages.message_options: the hard limit follows the soft one by max(1 s, 10 %).
 HARD_LIMIT = MAX_RUN_TIME + max(1.0, MAX_RUN_TIME * 0.1)
 POLICY = {"mode": "fixed_rate_no_overlap", "max_run_time": MAX_RUN_TIME}
 

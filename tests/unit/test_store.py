@@ -15,10 +15,11 @@ from sqlalchemy.exc import IntegrityError, StatementError
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.messages import RUN_HEADER, SCHEDULE_HEADER
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import EntrySpec
 from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import RUN_HEADER, SCHEDULE_HEADER, Store
+from celery_boundedbeat.store import Store
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)

@@ -1,0 +1,57 @@
+"""What we put into a Celery message of a run, and how error text is cut to fit a row.
+
+Pure: the store writes these options into queue rows, the dispatcher publishes them, the
+worker-side tracking reads the headers back. One owner for the header names and the error
+cut, so the three sides cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .policy import Policy
+
+#: Header names put on every message so workers recognise a scheduled run.
+RUN_HEADER = "boundedbeat_run"
+SCHEDULE_HEADER = "boundedbeat_schedule"
+MAX_RUN_TIME_HEADER = "boundedbeat_max_run_time"
+
+#: The longest error text kept in a row (runs, queue rows, iterations).
+MAX_ERROR_CHARS = 4000
+
+
+def message_options(
+    spec_options: Mapping[str, Any],
+    policy: Policy,
+    run_id: str,
+    schedule: str,
+    *,
+    expires_after: float | None = None,
+) -> dict[str, Any]:
+    """Publish options of one run: the entry's options, our headers, time limits and expiry."""
+    options = dict(spec_options)
+    if expires_after is not None:
+        options.setdefault("expires", expires_after)
+    headers = dict(options.pop("headers", None) or {})
+    headers[RUN_HEADER] = run_id
+    headers[SCHEDULE_HEADER] = schedule
+    if policy.max_run_time is not None:
+        headers[MAX_RUN_TIME_HEADER] = policy.max_run_time
+        # The soft limit lets the task clean up; the hard limit follows a little later.
+        options.setdefault("soft_time_limit", policy.max_run_time)
+        options.setdefault("time_limit", policy.max_run_time + max(1.0, policy.max_run_time * 0.1))
+    options["headers"] = headers
+    return options
+
+
+def clip_error(text: str) -> str:
+    """An error text cut to what a row keeps."""
+    return text[:MAX_ERROR_CHARS]
+
+
+def error_text(exc: BaseException | None) -> str:
+    """``Type: message`` of an exception, cut to what a row keeps."""
+    if exc is None:
+        return "unknown error"
+    return clip_error(f"{type(exc).__name__}: {exc}")
