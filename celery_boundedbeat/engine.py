@@ -9,6 +9,9 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
+from .exceptions import ConfigurationError
+from .redact import mask_url, scrub
+
 _engines: dict[tuple[int, str], Engine] = {}
 _lock = threading.Lock()
 
@@ -22,11 +25,8 @@ def normalize_url(url: str) -> URL:
 
 
 def safe_url(url: str) -> str:
-    """The URL with its password masked, for banners, logs and errors."""
-    try:
-        return normalize_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparsable database URL>"
+    """The URL with its password masked, for banners, logs and errors (see ``redact``)."""
+    return mask_url(url)
 
 
 def _sqlite_setup(engine: Engine) -> None:
@@ -55,7 +55,11 @@ def get_engine(url: str) -> Engine:
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            parsed = normalize_url(url)
+            try:
+                parsed = normalize_url(url)
+            except Exception as exc:  # SQLAlchemy's parse errors may quote the whole URL
+                reason = f"not a valid SQLAlchemy URL ({mask_url(url)}): {scrub(str(exc), url)}"
+                raise ConfigurationError([("settings", "boundedbeat_database_url", reason)]) from None
             if parsed.get_backend_name() == "sqlite":
                 engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
                 _sqlite_setup(engine)
