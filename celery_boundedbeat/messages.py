@@ -46,7 +46,13 @@ def message_options(
 
 
 def clip_error(text: str) -> str:
-    """An error text cut to what a row keeps."""
+    """An error text every database can store, cut to what a row keeps.
+
+    PostgreSQL refuses NUL characters and no driver encodes a lone surrogate (a non-UTF-8
+    file name in an ``OSError``): both are written as backslash escapes instead.
+    """
+    text = text.replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text[:MAX_ERROR_CHARS]
 
 

@@ -36,6 +36,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLo
 from .engine import get_engine
 from .enums import RunState
 from .exceptions import NotInScheduledRunError
+from .faults import is_outage
 from .messages import MAX_RUN_TIME_HEADER, RUN_HEADER, error_text
 from .runtime import OutageLog
 from .settings import Settings
@@ -83,6 +84,8 @@ class Tracker:
         self._pid = -1
         self._settled: deque[str] = deque(maxlen=1024)
         self._stop_requested: set[str] = set()
+        #: Task names already reported as unknown (logged once per process).
+        self._unknown_names: set[str] = set()
         self._rng = random.Random()
         self._last_heartbeat = 0.0
         self._reset_process_state()
@@ -169,40 +172,83 @@ class Tracker:
             self._hb_wake.set()
 
     def _write(self, item: _Pending) -> bool:
+        """Write one start or outcome; False only when the database is unreachable (retry later).
+
+        Any other failure is a data error: retrying the same item would fail forever and hold
+        every later write of this process behind it. The item is written once more with what
+        can be recorded (no error text), and otherwise dropped with one loud log line.
+        """
         try:
-            done: Settled | None = None
-            if isinstance(item, _PendingStart):
-                self._write_start(item)
-            else:
-                done = self.store.settle_run(
-                    item.run_id,
-                    item.state,
-                    now=item.at,
-                    error=item.error,
-                    stop=item.stop,
-                    rng=self._rng,
-                    late=True,
-                )
+            done = self._apply(item)
         except Exception as exc:
-            self._writes.failed(exc)
-            return False
+            if is_outage(exc):
+                self._writes.failed(exc)
+                return False
+            try:
+                done = self._write_despite(item, exc)
+            except Exception as again:  # only an outage gets out: keep the item for a retry
+                self._writes.failed(again)
+                return False
         self._writes.succeeded()
-        if isinstance(item, _PendingSettle):
-            if done is not None:
-                logger.info(
-                    "celery_boundedbeat: run %s of %s settled %s%s",
-                    item.run_id,
-                    done.schedule,
-                    item.state.value,
-                    " (schedule stopped by the task)" if item.stop else "",
-                )
-            else:
-                logger.info(
-                    "celery_boundedbeat: run %s was already settled; its %s outcome is not counted again",
-                    item.run_id,
-                    item.state.value,
-                )
+        self._log_written(item, done)
         return True
+
+    def _apply(self, item: _Pending) -> Settled | None:
+        if isinstance(item, _PendingStart):
+            self._write_start(item)
+            return None
+        return self.store.settle_run(
+            item.run_id,
+            item.state,
+            now=item.at,
+            error=item.error,
+            stop=item.stop,
+            rng=self._rng,
+            late=True,
+        )
+
+    def _write_despite(self, item: _Pending, exc: Exception) -> Settled | None:
+        """A data error: record the outcome without its error text, or give the item up."""
+        logger.error(
+            "celery_boundedbeat: the database refused to record %s of run %s (a data error, not retried)",
+            "the start" if isinstance(item, _PendingStart) else "the outcome",
+            item.run_id,
+            exc_info=exc,
+        )
+        if isinstance(item, _PendingSettle) and item.error is not None:
+            bare = _PendingSettle(
+                run_id=item.run_id,
+                state=item.state,
+                at=item.at,
+                error=f"(error text not recordable: {type(exc).__name__})",
+                stop=item.stop,
+            )
+            try:
+                return self._apply(bare)
+            except Exception as again:
+                if is_outage(again):
+                    raise
+                logger.error("celery_boundedbeat: run %s: outcome dropped", item.run_id, exc_info=again)
+        return None
+
+    @staticmethod
+    def _log_written(item: _Pending, done: Settled | None) -> None:
+        if not isinstance(item, _PendingSettle):
+            return
+        if done is not None:
+            logger.info(
+                "celery_boundedbeat: run %s of %s settled %s%s",
+                item.run_id,
+                done.schedule,
+                item.state.value,
+                " (schedule stopped by the task)" if item.stop else "",
+            )
+        else:
+            logger.info(
+                "celery_boundedbeat: run %s was already settled; its %s outcome is not counted again",
+                item.run_id,
+                item.state.value,
+            )
 
     def _write_start(self, item: _PendingStart) -> None:
         mono = time.monotonic()
@@ -213,6 +259,17 @@ class Tracker:
         self.store.start_run(
             item.run_id, worker=item.worker, process=self.process, now=item.at, max_run_time=item.limit
         )
+
+    def unknown_task(self, run_id: str, name: str) -> None:
+        """A run whose task this worker does not know: it settles ``rejected`` now, not at a timeout."""
+        if name not in self._unknown_names:
+            self._unknown_names.add(name)
+            logger.error(
+                "celery_boundedbeat: task %r is not registered in this worker; its runs settle rejected "
+                "(is the task module imported by the worker's app?)",
+                name,
+            )
+        self.settle(run_id, RunState.REJECTED, f"unknown task {name!r}: not registered in the worker")
 
     def request_stop(self, run_id: str) -> None:
         self._stop_requested.add(run_id)
@@ -433,6 +490,17 @@ def _on_rejected(sender: Any = None, message: Any = None, exc: BaseException | N
         tracker.settle(str(run_id), RunState.REJECTED, error_text(exc) if exc else "rejected by the worker")
 
 
+@_guard("task_unknown")
+def _on_unknown(sender: Any = None, message: Any = None, name: str | None = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    tracker = _trackers.get(app) if app is not None else None
+    headers = getattr(message, "headers", None) or {}
+    run_id = headers.get(RUN_HEADER)
+    if tracker is not None and run_id:
+        # No task of that name is registered in this worker: the message was dropped.
+        tracker.unknown_task(str(run_id), str(name or headers.get("task") or "?"))
+
+
 @_guard("task_internal_error")
 def _on_internal_error(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
@@ -457,6 +525,7 @@ _RECEIVERS: list[tuple[Any, Any]] = [
     (signals.task_postrun, _on_postrun),
     (signals.task_revoked, _on_revoked),
     (signals.task_rejected, _on_rejected),
+    (signals.task_unknown, _on_unknown),
     (signals.task_internal_error, _on_internal_error),
     (signals.worker_process_shutdown, _on_shutdown),
     (signals.worker_shutdown, _on_shutdown),
