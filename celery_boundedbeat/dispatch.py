@@ -2,9 +2,9 @@
 
 Rows are claimed in batches (``SKIP LOCKED`` on PostgreSQL, so several dispatchers never
 publish a row twice); a claim expires so a dispatcher that died leaves nothing stuck. Every
-message is published with ``task_id = run id``: a re-publish after a crash is the same task.
-With Celery's ``confirm_publish`` on AMQP, a row is marked published only once the broker
-acknowledged its message (collected once per batch, see ``_ConfirmingPublisher``).
+message is published with ``task_id = run id`` (see :mod:`.publish`): a re-publish after a
+crash is the same task. With Celery's ``confirm_publish`` on AMQP, a row is marked published
+only once the broker acknowledged its message (collected once per batch).
 """
 
 from __future__ import annotations
@@ -18,23 +18,16 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from datetime import datetime
-from typing import Any
 
 from celery import Celery
-from celery.utils.nodenames import anon_nodename
 from kombu.utils.url import maybe_sanitize_url
 
+from .publish import Publisher
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
-from .store import Claimed, Store, utcnow
+from .store import Claimed, Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
-
-
-#: Options whose handling in ``app.send_task`` is more than routing (delayed delivery).
-_NEEDS_SEND_TASK = frozenset({"eta", "countdown", "chain", "link", "link_error", "chord", "group_id"})
 
 
 class Dispatcher:
@@ -57,13 +50,12 @@ class Dispatcher:
         #: Called with every drain iteration (the beat records the failed ones).
         self.record = record
         self._outage = OutageLog(logger, "dispatch iteration")
-        self._sent_event = bool(app.conf.task_send_sent_event)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.broker_down = False
         self.published_total = 0
         self._rng = random.Random()
-        #: Celery's ``confirm_publish`` asks for broker confirms; on AMQP we collect them per batch.
-        self._confirms = _wants_confirms(app)
+        # Wait at most half a claim for confirms: the claim must outlive the wait.
+        self._publisher = Publisher(app, confirm_timeout=settings.dispatch_claim_timeout / 2)
 
     def drain(self, shutdown: threading.Event | None = None) -> Iteration:
         """Publish everything queued now (batch by batch); one recorded iteration."""
@@ -74,6 +66,31 @@ class Dispatcher:
     def _drain(self, shutdown: threading.Event | None) -> Iteration:
         if not self.may_run():
             return Iteration()
+        rejected = self._reject_stale()
+
+        def stopping() -> bool:
+            return (shutdown is not None and shutdown.is_set()) or not self.may_run()
+
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
+                published, error = self._publish_queued(db, stopping)
+            if error is not None:
+                self._report_outage(error)
+        finally:
+            self._publisher.close()
+        self.published_total += published
+        if error is not None:
+            return Iteration(has_activity=bool(published), failed=True)
+        if self.broker_down and published:
+            self.broker_down = False
+            logger.warning(
+                "celery_boundedbeat: broker %s is back; publishing resumed",
+                maybe_sanitize_url(self.app.conf.broker_url or ""),
+            )
+        return Iteration(has_activity=published > 0 or bool(rejected))
+
+    def _reject_stale(self) -> list[Settled]:
+        """Settle as rejected the queued runs not published within ``publish_timeout``."""
         rejected = self.store.reject_unpublished(utcnow(), self.settings.publish_timeout, self._rng)
         for settled in rejected:
             logger.warning(
@@ -82,54 +99,45 @@ class Dispatcher:
                 settled.schedule,
                 self.settings.publish_timeout,
             )
-        published = 0
+        return rejected
+
+    def _publish_queued(self, db: ThreadPoolExecutor, stopping: Callable[[], bool]) -> tuple[int, str | None]:
+        """Claim, publish and mark batch after batch; return the count published and the error.
+
+        The database work between two batches (marking the one just published, claiming the
+        one after next) runs in ``db``, in one transaction, while the current batch is being
+        published: the broker never waits on SQL.
+        """
         size = self.settings.dispatch_batch_size
+        published = 0
+        batch = [] if stopping() else self._mark_and_claim([], size)
+        previous: list[Claimed] = []  # published, not yet marked
+        while batch:
+            wanted = size if len(batch) == size and not stopping() else 0
+            job = db.submit(self._mark_and_claim, previous, wanted)
+            done, error = self._publisher.publish(batch)
+            published += len(done)
+            following = job.result()
+            previous = done
+            if error is not None:
+                self._settle_failed_batch(batch, done, following, error)
+                return published, error
+            batch = following
+            if batch and stopping():
+                self.store.release_claims(self.name, batch, "dispatcher stopping")
+                batch = []
+        if previous:
+            self._mark_and_claim(previous, 0)
+        return published, None
 
-        def stopping() -> bool:
-            return (shutdown is not None and shutdown.is_set()) or not self.may_run()
-
-        # The database work between two batches (marking the one just published, claiming
-        # the one after next) runs in a helper thread, in one transaction, while the current
-        # batch is being published: the broker never waits on SQL.
-        publisher = None
-        if self._confirms:  # wait at most half a claim for confirms: the claim must outlive the wait
-            publisher = _ConfirmingPublisher(self.app, self.settings.dispatch_claim_timeout / 2)
-        try:
-            with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
-                batch = [] if stopping() else self._mark_and_claim([], size)
-                previous: list[Claimed] = []  # published, not yet marked
-                while batch:
-                    wanted = size if len(batch) == size and not stopping() else 0
-                    job = db.submit(self._mark_and_claim, previous, wanted)
-                    done, error = self._publish(batch, publisher)
-                    published += len(done)
-                    following = job.result()
-                    previous = done
-                    if error is not None:
-                        self._mark_and_claim(done, 0)
-                        accepted = {row.id for row in done}
-                        left = [row for row in batch if row.id not in accepted]
-                        self.store.release_claims(self.name, left + following, error)
-                        self._report_outage(error)
-                        self.published_total += published
-                        return Iteration(has_activity=bool(published), failed=True)
-                    batch = following
-                    if batch and stopping():
-                        self.store.release_claims(self.name, batch, "dispatcher stopping")
-                        batch = []
-                if previous:
-                    self._mark_and_claim(previous, 0)
-        finally:
-            if publisher is not None:
-                publisher.close()
-        if self.broker_down and published:
-            self.broker_down = False
-            logger.warning(
-                "celery_boundedbeat: broker %s is back; publishing resumed",
-                maybe_sanitize_url(self.app.conf.broker_url or ""),
-            )
-        self.published_total += published
-        return Iteration(has_activity=published > 0 or bool(rejected))
+    def _settle_failed_batch(
+        self, batch: list[Claimed], done: list[Claimed], following: list[Claimed], error: str
+    ) -> None:
+        """Mark what the broker took; release the rest of the batch and the one claimed after it."""
+        self._mark_and_claim(done, 0)
+        accepted = {row.id for row in done}
+        left = [row for row in batch if row.id not in accepted]
+        self.store.release_claims(self.name, left + following, error)
 
     def _mark_and_claim(self, done: list[Claimed], wanted: int) -> list[Claimed]:
         """Record what the broker accepted and claim up to ``wanted`` more rows.
@@ -150,102 +158,6 @@ class Dispatcher:
                 )
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
-
-    def _send(self, producer: Any, row: Claimed, options: dict[str, Any], batch: _BatchCache) -> None:
-        """Publish one message the way ``app.send_task`` does, minus its per-call overhead.
-
-        Same routing (the task's own options, ``task_routes``), same message (protocol 2 with
-        ``task_id`` = run id, expiry and time limits), same publish signals. Delayed messages
-        (``eta``/``countdown``) go through ``send_task`` itself (see ``_NEEDS_SEND_TASK``).
-        """
-        app = self.app
-        amqp = app.amqp
-        task_type, defaults = batch.task(row.task)
-        if defaults:
-            options = dict(defaults, **options)
-        headers = options.pop("headers", None)
-        time_limit = options.pop("time_limit", None)
-        soft_time_limit = options.pop("soft_time_limit", None)
-        expires = options.pop("expires", None)
-        ignore_result = options.pop("ignore_result", None)
-        declare = options.pop("declare", None)
-        options = batch.route(options, row, task_type)
-        if declare is not None:
-            options["declare"] = declare
-        if expires is not None:
-            # The broker drops the message at expiry too (AMQP ``expiration``), as send_task does.
-            options["expiration"] = _seconds_until(expires, app)
-        message = amqp.create_task_message(
-            row.task_id,
-            row.task,
-            row.args,
-            row.kwargs,
-            expires=expires,
-            reply_to=batch.reply_to,
-            time_limit=time_limit,
-            soft_time_limit=soft_time_limit,
-            create_sent_event=self._sent_event,
-            ignore_result=ignore_result,
-            origin=batch.origin,
-            **options,
-        )
-        if not ignore_result:
-            batch.backend.on_task_call(producer, row.task_id)
-        amqp.send_task_message(producer, row.task, message, headers=headers, retry=False, **options)
-
-    def _publish(
-        self, batch: list[Claimed], publisher: _ConfirmingPublisher | None = None
-    ) -> tuple[list[Claimed], str | None]:
-        """Publish a batch; return the rows the broker took and the error that stopped it.
-
-        With confirms, "took" means the broker acknowledged the message: the rows it refused
-        or never answered for go back to the queue, however far the batch got.
-        """
-        done: list[Claimed] = []
-        first_tag = 0
-        try:
-            cache = _BatchCache(self.app)
-            if publisher is not None:
-                first_tag = publisher.next_tag
-                producing: Any = nullcontext(publisher.producer())
-            else:
-                producing = self.app.producer_or_acquire()
-            with producing as producer:
-                declared: set[str] = set()
-                for row in batch:
-                    options: dict[str, Any] = dict(row.options)
-                    # Declare each destination once per batch, not once per message.
-                    route = repr(options.get("queue"))
-                    if route in declared:
-                        options.setdefault("declare", [])
-                    declared.add(route)
-                    if _NEEDS_SEND_TASK.isdisjoint(options):
-                        self._send(producer, row, options, cache)
-                    else:
-                        self.app.send_task(
-                            row.task,
-                            args=row.args,
-                            kwargs=row.kwargs,
-                            task_id=row.task_id,
-                            producer=producer,
-                            # A failed publish fails the batch; the loop's backoff retries it.
-                            retry=False,
-                            add_to_parent=False,
-                            **options,
-                        )
-                    done.append(row)
-            if publisher is not None:
-                sent = len(done)
-                done = publisher.accepted(first_tag, done, wait=True)
-                if len(done) < sent:
-                    refused = sent - len(done)
-                    return done, f"the broker refused {refused} of {sent} messages (negative acknowledgement)"
-        except Exception as exc:
-            if publisher is not None:
-                done = publisher.accepted(first_tag, done, wait=False)
-                publisher.close()  # the next batch starts on a fresh connection
-            return done, f"{type(exc).__name__}: {exc}"
-        return done, None
 
     def _report_outage(self, error: str) -> None:
         if not self.broker_down:
@@ -268,143 +180,3 @@ class Dispatcher:
             lambda: self.settings.dispatch_interval,
             lambda: self.settings.dispatch_max_interval,
         )
-
-
-def _wants_confirms(app: Celery) -> bool:
-    """Whether to collect publisher confirms: asked for (Celery's ``confirm_publish``) on AMQP."""
-    if not (app.conf.broker_transport_options or {}).get("confirm_publish"):
-        return False
-    return bool(app.connection_for_write().transport.driver_type == "amqp")
-
-
-class _ConfirmingPublisher:
-    """A broker connection whose channel confirms each message it accepted (AMQP).
-
-    Used when ``broker_transport_options`` set ``confirm_publish``. Celery then waits for the
-    broker after every message, a round trip each (a quarter of the unconfirmed rate here);
-    the dispatcher publishes a whole batch and then collects the broker's confirms once, so a
-    run is still marked ``published`` only for a message the broker acknowledged. Delivery
-    tags count from 1 on the channel, one per message published on it; this channel is ours
-    alone, so the count is exact. One per drain, closed at its end or after an error.
-    """
-
-    def __init__(self, app: Celery, timeout: float) -> None:
-        self.app = app
-        self.timeout = timeout
-        #: The delivery tag the next message published on the channel will get.
-        self.next_tag = 1
-        self._connection: Any = None
-        self._producer: Any = None
-        self._unresolved = 1  # the lowest tag without an answer yet
-        self._answers: dict[int, bool] = {}  # tag -> acknowledged (True) or refused (False)
-
-    def producer(self) -> Any:
-        if self._producer is None:
-            # Our own connection, not one from Celery's pool: its channel must not wait per message.
-            options = dict(self.app.conf.broker_transport_options or {}, confirm_publish=False)
-            connection = self.app.connection_for_write(transport_options=options)
-            try:
-                channel = connection.default_channel
-                channel.events["basic_ack"].add(self._on_ack)
-                channel.events["basic_nack"].add(self._on_nack)
-                channel.confirm_select()
-            except BaseException:
-                connection.release()
-                raise
-            self._connection = connection
-            self._producer = self.app.amqp.Producer(channel)
-        return self._producer
-
-    def _answer(self, tag: int, multiple: bool, accepted: bool) -> None:
-        first = self._unresolved if multiple else tag
-        for each in range(first, tag + 1):
-            self._answers.setdefault(each, accepted)
-        while self._unresolved in self._answers:
-            self._unresolved += 1
-
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._answer(delivery_tag, multiple, True)
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._answer(delivery_tag, multiple, False)
-
-    def accepted(self, first_tag: int, rows: list[Claimed], *, wait: bool) -> list[Claimed]:
-        """The rows (tags from ``first_tag`` on) the broker acknowledged, waiting for its answers.
-
-        ``rows`` are the ones published since ``first_tag``, in order: they took those tags.
-        """
-        self.next_tag = first_tag + len(rows)
-        last = self.next_tag - 1
-        if wait:
-            deadline = time.monotonic() + self.timeout
-            while self._unresolved <= last:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"the broker did not confirm the batch within {self.timeout:g} s")
-                self._connection.drain_events(timeout=remaining)
-        accepted = [row for tag, row in enumerate(rows, first_tag) if self._answers.get(tag)]
-        for tag in range(first_tag, last + 1):
-            self._answers.pop(tag, None)
-        return accepted
-
-    def close(self) -> None:
-        if self._connection is not None:
-            try:
-                self._connection.release()
-            except Exception:  # already broken; nothing to give back
-                logger.debug("celery_boundedbeat: closing the confirming connection failed", exc_info=True)
-        # A new connection's channel numbers its messages from 1 again.
-        self._connection = self._producer = None
-        self.next_tag = self._unresolved = 1
-        self._answers.clear()
-
-
-class _BatchCache:
-    """What stays the same for every message of one batch, looked up once.
-
-    Routing is cached only without ``task_routes``: a router may look at each message's
-    arguments, so with routers every message is routed on its own.
-    """
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.router = app.amqp.router
-        self.backend = app.backend
-        self.reply_to = app.thread_oid
-        self.origin = anon_nodename()
-        self._tasks: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._routes: dict[Any, dict[str, Any]] | None = None if self.router.routes else {}
-
-    def task(self, name: str) -> tuple[Any, dict[str, Any]]:
-        """The registered task (or None) and its non-empty execution defaults."""
-        found = self._tasks.get(name)
-        if found is None:
-            task_type = self.app.tasks.get(name)
-            defaults: dict[str, Any] = {}
-            if task_type is not None:
-                defaults = {k: v for k, v in (task_type._get_exec_options() or {}).items() if v is not None}
-            found = self._tasks[name] = (task_type, defaults)
-        return found
-
-    def route(self, options: dict[str, Any], row: Claimed, task_type: Any) -> dict[str, Any]:
-        if self._routes is None:
-            return self.router.route(options, row.task, row.args, row.kwargs, task_type)  # type: ignore[no-any-return]
-        try:
-            key = (row.task, frozenset(options.items()))
-        except TypeError:  # an unhashable option (a declare list, a Queue object)
-            return self.router.route(options, row.task, row.args, row.kwargs, task_type)  # type: ignore[no-any-return]
-        routed = self._routes.get(key)
-        if routed is None:
-            routed = self._routes[key] = self.router.route(options, row.task, row.args, row.kwargs, task_type)
-        return dict(routed)
-
-
-def _seconds_until(expires: Any, app: Celery) -> float:
-    """``expires`` (seconds, datetime or ISO text) as a non-negative TTL in seconds."""
-    if isinstance(expires, str):
-        expires = datetime.fromisoformat(expires)
-    if isinstance(expires, datetime):
-        when = expires if expires.tzinfo is not None else expires.replace(tzinfo=app.timezone)
-        now: datetime = app.now()
-        return max(0.0, (when - now).total_seconds())
-    return max(0.0, float(expires))

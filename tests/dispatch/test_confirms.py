@@ -75,7 +75,7 @@ def test_with_confirm_publish_every_batch_is_confirmed_and_nothing_is_lost_or_do
 ) -> None:
     ids = enqueue(pg_engine, 250)  # three batches of 100 on one confirming channel
     d = dispatcher(confirming_app(queue), pg_url, pg_engine)
-    assert d._confirms, "confirm_publish on RabbitMQ should switch batch confirms on"
+    assert d._publisher.confirms, "confirm_publish on RabbitMQ should switch batch confirms on"
 
     result = d.drain()
 

@@ -1,6 +1,7 @@
-"""The dispatcher's publish path sends exactly what ``app.send_task`` would send.
+"""The dispatcher's publish path (:mod:`celery_boundedbeat.publish`) sends exactly what
+``app.send_task`` would send.
 
-The dispatcher builds messages through Celery's amqp layer directly (and caches routing per
+``Publisher`` builds messages through Celery's amqp layer directly (and caches routing per
 batch) because ``send_task`` per row was too slow; these tests pin that shortcut to the real
 thing on a real RabbitMQ: same routing, headers, properties and body, for default routing,
 queue options, ``task_routes``, the task's own options, custom exchanges, expiry and limits.
@@ -19,11 +20,10 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from celery_boundedbeat.dispatch import Dispatcher, _ConfirmingPublisher
 from celery_boundedbeat.messages import message_options
 from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Claimed, Store
+from celery_boundedbeat.publish import Publisher
+from celery_boundedbeat.store import Claimed
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -129,26 +129,25 @@ CASES = [
 
 @pytest.mark.parametrize("confirms", [False, True], ids=["pooled producer", "confirming channel"])
 @pytest.mark.parametrize(("label", "task", "options", "lands_on"), CASES, ids=[c[0] for c in CASES])
-def test_dispatcher_sends_what_send_task_sends(
+def test_publisher_sends_what_send_task_sends(
     names: dict[str, str], label: str, task: str, options: dict[str, Any], lands_on: str, confirms: bool
 ) -> None:
-    """One row through the dispatcher, the same row through ``send_task``: identical messages.
+    """One row through ``Publisher``, the same row through ``send_task``: identical messages.
 
-    Also with ``confirm_publish``, where the dispatcher publishes on its own confirming channel.
+    Also with ``confirm_publish``, where ``Publisher`` publishes on its own confirming channel.
     """
     app = make_app(names, confirms=confirms)
     options = {k: (v.format(**names) if isinstance(v, str) else v) for k, v in options.items()}
     row = claimed(task, options)
-    dispatcher = Dispatcher(app, Store.__new__(Store), Settings(database_url="sqlite://"))
+    publisher = Publisher(app, confirm_timeout=10)
+    assert publisher.confirms is confirms
 
     # Twice in one batch: the second message takes the cached route.
     twin = claimed(task, options)
-    publisher = _ConfirmingPublisher(app, timeout=10) if confirms else None
     try:
-        done, error = dispatcher._publish([row, twin], publisher)
+        done, error = publisher.publish([row, twin])
     finally:
-        if publisher is not None:
-            publisher.close()
+        publisher.close()
     assert error is None and len(done) == 2, error
     ours = received(names[lands_on])
     ours_again = received(names[lands_on])
@@ -182,8 +181,7 @@ def test_custom_exchange_and_routing_key(names: dict[str, str]) -> None:
         Queue(names["bound"], exchange, routing_key="reports.#")(conn.default_channel).declare()
     options = {"exchange": names["exchange"], "routing_key": "reports.daily"}
     row = claimed("proj.plain", options)
-    dispatcher = Dispatcher(app, Store.__new__(Store), Settings(database_url="sqlite://"))
-    done, error = dispatcher._publish([row])
+    done, error = Publisher(app, confirm_timeout=10).publish([row])  # no confirms: nothing to close
     assert error is None and done == [row], error
     ours = received(names["bound"])
     app.send_task(row.task, args=row.args, kwargs=row.kwargs, task_id=row.task_id, **dict(row.options))

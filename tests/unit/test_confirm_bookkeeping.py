@@ -1,4 +1,4 @@
-"""Bookkeeping of batch publisher confirms (``_ConfirmingPublisher``) with a scripted broker."""
+"""Bookkeeping of batch publisher confirms (``publish._ConfirmingPublisher``) with a scripted broker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_boundedbeat.dispatch import _ConfirmingPublisher, _wants_confirms
+from celery_boundedbeat.publish import _ConfirmingPublisher, _wants_confirms
 from celery_boundedbeat.store import Claimed
 
 
