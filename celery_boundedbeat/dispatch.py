@@ -22,12 +22,21 @@ from concurrent.futures import ThreadPoolExecutor
 from celery import Celery
 from kombu.utils.url import maybe_sanitize_url
 
-from .publish import Publisher
+from .publish import CLAIM_EXPIRED, Publisher
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
 from .store import Claimed, Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
+
+
+def claim_margin(claim_timeout: float) -> float:
+    """How long before its claim expires a dispatcher stops publishing a batch.
+
+    Covers clock skew between dispatchers (wall clocks compare ``claimed_until``) and the
+    time one message takes to write: a tenth of the claim, at least 1 s, at most half.
+    """
+    return min(max(1.0, claim_timeout / 10), claim_timeout / 2)
 
 
 class Dispatcher:
@@ -110,18 +119,18 @@ class Dispatcher:
         """
         size = self.settings.dispatch_batch_size
         published = 0
-        batch = [] if stopping() else self._mark_and_claim([], size)
+        batch, deadline = ([], 0.0) if stopping() else self._mark_and_claim([], size)
         previous: list[Claimed] = []  # published, not yet marked
         while batch:
             wanted = size if len(batch) == size and not stopping() else 0
             job = db.submit(self._mark_and_claim, previous, wanted)
-            done, error = self._publisher.publish(batch)
+            done, error = self._publisher.publish(batch, deadline=deadline)
             published += len(done)
-            following = job.result()
+            following, deadline = job.result()
             previous = done
             if error is not None:
                 self._settle_failed_batch(batch, done, following, error)
-                return published, error
+                return published, None if error == CLAIM_EXPIRED else error
             batch = following
             if batch and stopping():
                 self.store.release_claims(self.name, batch, "dispatcher stopping")
@@ -133,23 +142,40 @@ class Dispatcher:
     def _settle_failed_batch(
         self, batch: list[Claimed], done: list[Claimed], following: list[Claimed], error: str
     ) -> None:
-        """Mark what the broker took; release the rest of the batch and the one claimed after it."""
+        """Mark what the broker took; release the rest of the batch and the one claimed after it.
+
+        After a pause past the claim (``CLAIM_EXPIRED``) the release only returns rows that
+        no other dispatcher has re-claimed meanwhile (it is guarded by the claimer's name).
+        """
+        if error == CLAIM_EXPIRED:
+            logger.warning(
+                "celery_boundedbeat: dispatcher %s was paused past its claim (%g s); it stopped "
+                "publishing the batch after %d of %d rows and leaves the rest to the queue",
+                self.name,
+                self.settings.dispatch_claim_timeout,
+                len(done),
+                len(batch),
+            )
         self._mark_and_claim(done, 0)
         accepted = {row.id for row in done}
         left = [row for row in batch if row.id not in accepted]
         self.store.release_claims(self.name, left + following, error)
 
-    def _mark_and_claim(self, done: list[Claimed], wanted: int) -> list[Claimed]:
+    def _mark_and_claim(self, done: list[Claimed], wanted: int) -> tuple[list[Claimed], float]:
         """Record what the broker accepted and claim up to ``wanted`` more rows.
 
+        Returns the claimed rows and their publish deadline on this process's monotonic
+        clock: the claim's length less a margin, counted from before the claim was written,
+        so the deadline always comes before any other dispatcher may take the rows over.
         Retried, because failing here means re-publishing the batch after its claim expires
         (the same task ids, but a second execution).
         """
+        timeout = self.settings.dispatch_claim_timeout
         for attempt in range(3):
             try:
-                return self.store.mark_and_claim(
-                    self.name, done, utcnow(), wanted, self.settings.dispatch_claim_timeout
-                )
+                deadline = time.monotonic() + timeout - claim_margin(timeout)
+                rows = self.store.mark_and_claim(self.name, done, utcnow(), wanted, timeout)
+                return rows, deadline
             except Exception:
                 if attempt == 2:
                     raise

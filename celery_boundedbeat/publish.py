@@ -13,9 +13,11 @@ real RabbitMQ: same routing, headers, properties and body.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import nullcontext
 from datetime import datetime
+from time import monotonic
 from typing import Any
 
 from celery import Celery
@@ -26,6 +28,9 @@ from .store import Claimed
 # The publish path logs under the dispatcher's logger: one name to configure for both halves.
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 
+
+#: The error of a batch cut short because its claim may have passed to another dispatcher.
+CLAIM_EXPIRED = "the batch's claim expired before it was published (the dispatcher was paused)"
 
 #: Options whose handling in ``app.send_task`` is more than routing (delayed delivery).
 _NEEDS_SEND_TASK = frozenset({"eta", "countdown", "chain", "link", "link_error", "chord", "group_id"})
@@ -50,15 +55,23 @@ class Publisher:
         """Whether rows count as published only once the broker confirmed their message."""
         return self._confirming is not None
 
-    def publish(self, batch: list[Claimed]) -> tuple[list[Claimed], str | None]:
+    def publish(
+        self, batch: list[Claimed], *, deadline: float = math.inf
+    ) -> tuple[list[Claimed], str | None]:
         """Publish a batch; return the rows the broker took and the error that stopped it.
 
         With confirms, "took" means the broker acknowledged the message: the rows it refused
         or never answered for go back to the queue, however far the batch got.
+
+        ``deadline`` (``time.monotonic()``) is when the batch's claim may have passed to
+        another dispatcher: no message is published after it (the error is
+        :data:`CLAIM_EXPIRED`). A process frozen mid-batch (SIGSTOP, a long pause) thus never
+        goes on to publish rows that another dispatcher re-claimed and published meanwhile.
         """
         publisher = self._confirming
         done: list[Claimed] = []
         first_tag = 0
+        expired = False
         try:
             cache = _BatchCache(self.app)
             if publisher is not None:
@@ -69,6 +82,9 @@ class Publisher:
             with producing as producer:
                 declared: set[str] = set()
                 for row in batch:
+                    if monotonic() >= deadline:
+                        expired = True
+                        break
                     options: dict[str, Any] = dict(row.options)
                     # Declare each destination once per batch, not once per message.
                     route = repr(options.get("queue"))
@@ -101,7 +117,7 @@ class Publisher:
                 done = publisher.accepted(first_tag, done, wait=False)
                 publisher.close()  # the next batch starts on a fresh connection
             return done, f"{type(exc).__name__}: {exc}"
-        return done, None
+        return done, CLAIM_EXPIRED if expired else None
 
     def close(self) -> None:
         """Give back the confirming connection, if one is open."""
