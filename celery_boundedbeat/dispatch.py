@@ -20,9 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from celery import Celery
-from kombu.utils.url import maybe_sanitize_url
 
 from .publish import CLAIM_EXPIRED, Publisher
+from .redact import mask_url
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
 from .store import Claimed, Settled, Store, utcnow
@@ -94,7 +94,7 @@ class Dispatcher:
             self.broker_down = False
             logger.warning(
                 "celery_boundedbeat: broker %s is back; publishing resumed",
-                maybe_sanitize_url(self.app.conf.broker_url or ""),
+                mask_url(self.app.conf.broker_url),
             )
         return Iteration(has_activity=published > 0 or bool(rejected))
 
@@ -191,7 +191,7 @@ class Dispatcher:
             logger.error(
                 "celery_boundedbeat: cannot publish to broker %s (%s); runs stay queued in the "
                 "database and are published when it returns",
-                maybe_sanitize_url(self.app.conf.broker_url or ""),
+                mask_url(self.app.conf.broker_url),
                 error,
             )
         else:
