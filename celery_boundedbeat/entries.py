@@ -15,7 +15,8 @@ from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
 from .exceptions import ConfigurationError
-from .policy import CalendarTiming, EntrySpec, IntervalTiming, Problem, Timing, parse_policy
+from .policy import EntrySpec, Problem, parse_policy
+from .timing import CalendarTiming, IntervalTiming, Timing
 
 #: Keys a ``beat_schedule`` entry may carry (Celery's own, plus ``policy``).
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})

@@ -7,7 +7,6 @@ correctness comes from the guards and the unique ``(schedule, scheduled_for)`` k
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -39,10 +38,20 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from .enums import ACTIVE_STATES, Mode, RunState
+from .enums import ACTIVE_STATES, RunState
 from .messages import clip_error, message_options
-from .policy import EntrySpec, Policy, ScheduleState, TickOutcome, initial_state, on_due, on_settle
+from .policy import EntrySpec, Policy, config_hash
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
+from .ticks import (
+    ScheduleState,
+    TickOutcome,
+    initial_state,
+    on_config_change,
+    on_due,
+    on_resume,
+    on_settle,
+    on_trigger,
+)
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -88,24 +97,40 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def config_hash(spec: EntrySpec) -> str:
-    """A cheap change marker for a configured entry (reconciled at beat start)."""
-    payload = json.dumps(
-        [
-            spec.task,
-            spec.schedule_repr,
-            spec.policy.to_json(),
-            list(spec.args),
-            dict(spec.kwargs),
-            dict(spec.options),
-        ],
-        sort_keys=True,
-        default=str,
+def _new_row(name: str, now: datetime) -> ScheduleRow:
+    """A configured schedule with zeroed counters; the caller writes its state and config."""
+    return ScheduleRow(
+        name=name,
+        origin="config",
+        paused=False,
+        stopped=False,
+        runs=0,
+        skips=0,
+        overlaps=0,
+        failures=0,
+        active_runs=0,
+        pending_runs=0,
+        pending=[],
+        created_at=now,
     )
-    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _write_config(row: ScheduleRow, spec: EntrySpec, digest: str) -> None:
+    """Copy a configured entry's definition into its row: schedules are data (DESIGN.md)."""
+    row.task = spec.task
+    row.mode = spec.policy.mode.value
+    row.policy = spec.policy.to_json()
+    row.schedule = spec.schedule_repr
+    row.period = spec.period
+    row.args = list(spec.args)
+    row.kwargs = dict(spec.kwargs)
+    row.options = dict(spec.options)
+    row.config_hash = digest
+    row.origin = "config"
 
 
 def _state_of(row: ScheduleRow) -> ScheduleState:
+    """The row as the tick state machine sees it (:mod:`~celery_boundedbeat.ticks`)."""
     return ScheduleState(
         active_runs=row.active_runs,
         pending=tuple(datetime.fromisoformat(p) for p in (row.pending or [])),
@@ -123,6 +148,13 @@ def _state_of(row: ScheduleRow) -> ScheduleState:
 
 
 def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
+    """Store the state machine's answer and stamp the row as changed at ``now``."""
+    _write_state(row, state)
+    row.updated_at = now
+
+
+def _write_state(row: ScheduleRow, state: ScheduleState) -> None:
+    """The state's columns only; callers decide whether this is an update to stamp."""
     row.active_runs = state.active_runs
     row.pending = [p.isoformat() for p in state.pending]
     row.pending_runs = len(state.pending)
@@ -136,7 +168,6 @@ def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
     row.last_elapsed_ms = state.last_elapsed_ms
     row.max_elapsed_ms = state.max_elapsed_ms
     row.stopped = state.stopped
-    row.updated_at = now
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -227,44 +258,24 @@ class Store:
                 digest = config_hash(spec)
                 row = rows.get(spec.name)
                 if row is None:
-                    row = ScheduleRow(
-                        name=spec.name,
-                        origin="config",
-                        paused=False,
-                        stopped=False,
-                        runs=0,
-                        skips=0,
-                        overlaps=0,
-                        failures=0,
-                        active_runs=0,
-                        pending_runs=0,
-                        pending=[],
-                        created_at=now,
-                    )
+                    row = _new_row(spec.name, now)
                     s.add(row)
                     _apply_state(row, initial_state(spec.policy, spec.timing, now, rng), now)
-                elif row.config_hash != digest:
-                    old_policy = Policy.from_json(row.policy)
-                    timing_changed = row.schedule != spec.schedule_repr or old_policy.mode != spec.policy.mode
-                    if timing_changed:
-                        fresh = initial_state(spec.policy, spec.timing, now, rng)
-                        row.grid_at = fresh.grid_at
-                        if row.active_runs == 0 or spec.policy.mode is not Mode.FIXED_DELAY:
-                            row.next_due_at = fresh.next_due_at
-                    row.updated_at = now
-                elif row.next_due_at is None and not row.stopped and row.active_runs == 0:
-                    # A fixed-delay schedule whose run was settled while no period was known.
-                    row.next_due_at = initial_state(spec.policy, spec.timing, now, rng).next_due_at
-                row.task = spec.task
-                row.mode = spec.policy.mode.value
-                row.policy = spec.policy.to_json()
-                row.schedule = spec.schedule_repr
-                row.period = spec.period
-                row.args = list(spec.args)
-                row.kwargs = dict(spec.kwargs)
-                row.options = dict(spec.options)
-                row.config_hash = digest
-                row.origin = "config"
+                else:
+                    changed = row.config_hash != digest
+                    new = on_config_change(
+                        spec,
+                        _state_of(row),
+                        config_changed=changed,
+                        old_schedule=row.schedule,
+                        old_mode=Policy.from_json(row.policy).mode,
+                        now=now,
+                        rng=rng,
+                    )
+                    _write_state(row, new)
+                    if changed:
+                        row.updated_at = now
+                _write_config(row, spec, digest)
             stale = select(ScheduleRow.name).where(ScheduleRow.origin == "config")
             if names:
                 stale = stale.where(ScheduleRow.name.not_in(names))
@@ -376,24 +387,7 @@ class Store:
             row.paused = paused
             if not paused:
                 policy = Policy.from_json(row.policy)
-                row.stopped = False
-                if policy.mode is Mode.FIXED_DELAY:
-                    if row.active_runs == 0:
-                        row.next_due_at = now
-                elif row.grid_at is not None and row.grid_at < now and row.period:
-                    # Ticks passed while paused are not missed ticks: rejoin the grid.
-                    period = timedelta(seconds=row.period)
-                    behind = (now - row.grid_at) // period
-                    row.grid_at = row.grid_at + period * (behind + 1)
-                    row.next_due_at = row.grid_at
-                elif row.grid_at is not None and row.grid_at < now:
-                    # A calendar grid has no period here: beat re-anchors it on the next tick.
-                    row.grid_at = None
-                    row.next_due_at = now
-                elif row.grid_at is not None:
-                    row.next_due_at = max(row.grid_at, row.next_due_at or row.grid_at)
-                if row.pending:
-                    row.next_due_at = now
+                _write_state(row, on_resume(policy, _state_of(row), now, period=row.period))
             row.updated_at = now
             self._notify(s, SETTLED_CHANNEL, name)
             return True
@@ -404,12 +398,7 @@ class Store:
             row = s.get(ScheduleRow, name, with_for_update=True)
             if row is None:
                 return False
-            pending = list(row.pending or [])
-            pending.append(now.isoformat())
-            row.pending = pending
-            row.pending_runs = len(pending)
-            row.next_due_at = now if row.next_due_at is None else min(row.next_due_at, now)
-            row.updated_at = now
+            _apply_state(row, on_trigger(_state_of(row), now), now)
             self._notify(s, SETTLED_CHANNEL, name)
             return True
 

@@ -1,6 +1,6 @@
 """Draw docs/timeline.svg: what each policy does with a task slower than its period.
 
-The picture is not drawn by hand: every row drives the package's own pure policy functions
+The picture is not drawn by hand: every row drives the package's own pure policy and tick functions
 (``parse_policy``, ``initial_state``, ``on_due``, ``on_settle``) with a fake clock, exactly
 as the beat does, and records when runs start and finish. Workers are assumed to start a
 run the moment it is emitted. Plain SVG text; no plotting library.
@@ -19,7 +19,9 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from celery_boundedbeat.enums import Mode, RunState
-from celery_boundedbeat.policy import IntervalTiming, initial_state, on_due, on_settle, parse_policy
+from celery_boundedbeat.policy import parse_policy
+from celery_boundedbeat.ticks import initial_state, on_due, on_settle
+from celery_boundedbeat.timing import IntervalTiming
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 HORIZON = 20.0  # seconds shown

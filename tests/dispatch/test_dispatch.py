@@ -264,9 +264,10 @@ def test_unpublishable_runs_settle_rejected_after_the_publish_timeout(
     from celery import Celery
 
     from celery_boundedbeat.dispatch import Dispatcher
-    from celery_boundedbeat.policy import EntrySpec, IntervalTiming, Policy
+    from celery_boundedbeat.policy import EntrySpec, Policy
     from celery_boundedbeat.settings import Settings
     from celery_boundedbeat.store import Store
+    from celery_boundedbeat.timing import IntervalTiming
 
     store = Store(pg_engine)
     spec = EntrySpec(

@@ -14,8 +14,9 @@ from click.testing import CliRunner, Result
 from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.engine import get_engine
 from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.policy import EntrySpec, IntervalTiming, Policy
+from celery_boundedbeat.policy import EntrySpec, Policy
 from celery_boundedbeat.store import Store
+from celery_boundedbeat.timing import IntervalTiming
 
 STATUS_FIELDS = {
     "name", "task", "mode", "paused", "stopped", "running", "active_runs", "pending_runs", "runs",

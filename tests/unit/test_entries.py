@@ -12,7 +12,7 @@ from celery.schedules import crontab, schedule, solar
 from celery_boundedbeat.entries import build_specs
 from celery_boundedbeat.enums import MissedTicks, Mode
 from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.policy import CalendarTiming, IntervalTiming
+from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
 
 
 def make_app(beat_schedule: dict[str, Any] | None = None) -> celery.Celery:

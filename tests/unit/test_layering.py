@@ -85,7 +85,7 @@ def test_the_walker_sees_relative_absolute_and_nested_imports() -> None:
     found = imports_of(source, "celery_boundedbeat.contrib.mod")
     assert {"os", "celery_boundedbeat.contrib.enums", "sqlalchemy.orm", "celery_boundedbeat.x"} <= found
     assert "celery_boundedbeat.contrib.schema" in found
-    assert mod("runtime") in MODULES[mod("policy")]
+    assert mod("runtime") in MODULES[mod("ticks")]
     assert "sqlalchemy" in external_roots(MODULES[mod("store")])
 
 
@@ -97,12 +97,12 @@ def test_errors_and_enums_import_only_each_other(name: str) -> None:
     assert not external_roots(imports) & set(FRAMEWORKS)
 
 
-@pytest.mark.parametrize("name", ["policy", "runtime", "settings"])
+@pytest.mark.parametrize("name", ["timing", "policy", "ticks", "runtime", "settings"])
 def test_pure_modules_import_no_framework(name: str) -> None:
-    """policy, runtime and settings import no SQLAlchemy, Alembic, Celery, kombu, Django or higher layer."""
+    """The pure modules import no SQLAlchemy, Alembic, Celery, kombu, Django or higher layer."""
     imports = MODULES[mod(name)]
     assert not external_roots(imports) & set(FRAMEWORKS), sorted(imports)
-    allowed = {mod(m) for m in ("exceptions", "enums", "policy", "runtime", "settings")}
+    allowed = {mod(m) for m in ("exceptions", "enums", "timing", "policy", "ticks", "runtime", "settings")}
     assert internal(imports) <= allowed, sorted(internal(imports) - allowed)
 
 
@@ -130,7 +130,9 @@ def test_every_module_was_walked() -> None:
     for short in (
         "exceptions",
         "enums",
+        "timing",
         "policy",
+        "ticks",
         "runtime",
         "settings",
         "schema",
