@@ -7,6 +7,7 @@ failed start shows the user everything to fix.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +18,8 @@ from celery.schedules import crontab, schedule, solar
 from .exceptions import ConfigurationError
 from .policy import EntrySpec, Problem, parse_policy
 from .timing import CalendarTiming, IntervalTiming, Timing
+
+logger = logging.getLogger("celery_boundedbeat.beat")
 
 #: Keys a ``beat_schedule`` entry may carry (Celery's own, plus ``policy``).
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
@@ -145,9 +148,28 @@ def parse_entry(
     )
 
 
+def celery_default_entries(app: Celery) -> dict[str, Any]:
+    """The entries stock beat adds on its own (``celery.beat.Scheduler.install_default_entries``).
+
+    ``celery.backend_cleanup`` purges expired results from backends that cannot expire them
+    themselves (the database backend, django-celery-results); without it their tables grow.
+    Added only when a result backend is configured and the user has no entry of that name.
+    """
+    conf = app.conf
+    if not (conf.result_expires and conf.result_backend) or app.backend.supports_autoexpire:
+        return {}
+    return {
+        "celery.backend_cleanup": {
+            "task": "celery.backend_cleanup",
+            "schedule": crontab("0", "4", "*"),
+            "options": {"expires": 12 * 3600},
+        }
+    }
+
+
 def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, EntrySpec]:
     """Every configured entry, validated; raises :class:`ConfigurationError` listing all problems."""
-    entries = app.conf.beat_schedule or {}
+    entries = {**celery_default_entries(app), **(app.conf.beat_schedule or {})}
     problems: list[Problem] = []
     _, default_problems = parse_policy("boundedbeat_default_policy", {}, default_policy)
     problems.extend(default_problems)
@@ -161,4 +183,10 @@ def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, Ent
             specs[spec.name] = spec
     if problems:
         raise ConfigurationError(problems)
+    relative = sorted(name for name, raw in entries.items() if raw.get("relative"))
+    if relative:
+        logger.warning(
+            "celery_boundedbeat: 'relative' is ignored (ticks stay on the schedule's own grid) for: %s",
+            ", ".join(relative),
+        )
     return specs

@@ -235,3 +235,49 @@ def test_a_bad_default_policy_is_reported_against_the_setting() -> None:
 def test_an_empty_schedule_builds_nothing() -> None:
     """No beat_schedule means no specs and no error."""
     assert build_specs(make_app(), {}) == {}
+
+
+@pytest.mark.parametrize(
+    ("backend", "expires", "installed"),
+    [
+        ("db+sqlite:///results.sqlite3", timedelta(days=1), True),  # cannot expire results itself
+        ("redis://127.0.0.1:6379/0", timedelta(days=1), False),  # expires keys on its own
+        (None, timedelta(days=1), False),  # no result backend at all
+        ("db+sqlite:///results.sqlite3", None, False),  # results never expire
+    ],
+)
+def test_celery_backend_cleanup_is_scheduled_as_stock_beat_does(
+    backend: str | None, expires: timedelta | None, installed: bool
+) -> None:
+    """celery.backend_cleanup runs daily at 4:00 when results expire in a backend that cannot expire them."""
+    app = make_app({"mine": {"task": "t.mine", "schedule": 10}})
+    app.conf.result_backend = backend
+    app.conf.result_expires = expires
+    specs = build_specs(app, {})
+    assert ("celery.backend_cleanup" in specs) is installed
+    if installed:
+        cleanup = specs["celery.backend_cleanup"]
+        assert cleanup.task == "celery.backend_cleanup"
+        assert isinstance(cleanup.timing, CalendarTiming)
+        assert cleanup.options == {"expires": 12 * 3600}
+
+
+def test_a_user_entry_named_backend_cleanup_wins_over_the_default() -> None:
+    """The user's own celery.backend_cleanup entry is kept as written."""
+    app = make_app({"celery.backend_cleanup": {"task": "celery.backend_cleanup", "schedule": 60}})
+    app.conf.result_backend = "db+sqlite:///results.sqlite3"
+    assert build_specs(app, {})["celery.backend_cleanup"].period == 60.0
+
+
+def test_relative_is_accepted_and_its_being_ignored_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """An entry with relative=True is accepted, with one warning naming every such entry."""
+    app = make_app(
+        {
+            "a": {"task": "t.a", "schedule": 10, "relative": True},
+            "b": {"task": "t.b", "schedule": 10, "relative": True},
+            "c": {"task": "t.c", "schedule": 10},
+        }
+    )
+    assert set(build_specs(app, {})) == {"a", "b", "c"}
+    lines = [r.getMessage() for r in caplog.records if "relative" in r.getMessage()]
+    assert len(lines) == 1 and "a, b" in lines[0]
