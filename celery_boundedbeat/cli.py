@@ -14,6 +14,7 @@ from celery import Celery
 from .engine import get_engine, safe_url
 from .enums import RunState
 from .exceptions import BoundedBeatError
+from .lease import LEASE_NAME
 from .migrate import current_revision, head_revision, require_current, upgrade
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
 from .settings import Settings
@@ -123,7 +124,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             [_status_row(s) for s in snaps],
         )
     )
-    holder = store_for(app).lease_holder("beat", utcnow())
+    holder = store_for(app).lease_holder(LEASE_NAME, utcnow())
     click.echo(f"\nbeat lease: {holder[0] + ' until ' + _fmt_time(holder[1]) if holder else 'not held'}")
 
 

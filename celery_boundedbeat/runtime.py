@@ -7,9 +7,9 @@ durations, so they are tested with plain numbers instead of sleeps.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -18,6 +18,8 @@ from enum import Enum
 ERROR_BACKOFF_FLOOR = 5.0
 #: A zero interval would hot-spin the loop and the database; it is raised to this.
 MIN_INTERVAL = 1.0
+#: Failed iterations an :class:`IterationRecorder` keeps while the database is unreachable.
+UNRECORDED_MAX = 500
 
 
 class Trigger(Enum):
@@ -50,10 +52,11 @@ class DispatchBackoff:
     """Adaptive idle backoff of a dispatch loop (``BackgroundTaskDispatchBackoff``).
 
     Idle drains double the sleep up to the max; activity or a wakeup resets it to the base;
-    an error sleeps ``max(base, 5 s)`` so a failing broker is not hammered.
+    an error sleeps ``max(base, 5 s)`` so a failing broker is not hammered. The intervals
+    are passed to every call rather than kept here, so a changed setting counts at once.
     """
 
-    def __init__(self, base: float, maximum: float) -> None:
+    def __init__(self, base: float) -> None:
         self.idle_interval = effective_base_interval(base)
         self.last_error = False
 
@@ -84,19 +87,6 @@ class DispatchBackoff:
 def effective_jitter_cap(interval: float, cap: float) -> float:
     """Jitter never exceeds a tenth of the interval (``effective_jitter_cap``)."""
     return max(0.0, min(cap, interval / 10.0))
-
-
-def periodic_sleep_duration(
-    interval: float, jitter_cap: float | None, rng: random.Random | None = None
-) -> float:
-    """``interval`` (zero floors to 1 s) plus uniform jitter in ``[0, min(cap, interval/10)]``."""
-    interval = MIN_INTERVAL if interval <= 0 else interval
-    if jitter_cap is None:
-        return interval
-    cap = effective_jitter_cap(interval, jitter_cap)
-    if cap <= 0:
-        return interval
-    return interval + (rng or random).uniform(0.0, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +166,18 @@ class OutageLog:
         return lasted
 
 
+def failed_iteration(name: str, exc: BaseException, started_at: float, outage: OutageLog) -> IterationRecord:
+    """How every failed background iteration is handled, whichever loop it belongs to.
+
+    It is logged through its loop's :class:`OutageLog` (a traceback once per streak, then
+    quietly) and described as the record to keep; the writer cuts the text to fit its row.
+    """
+    outage.failed(exc)
+    return IterationRecord(
+        name=name, started_at=started_at, finished_at=time.time(), error=f"{type(exc).__name__}: {exc}"
+    )
+
+
 def run_recorded_iteration(
     name: str,
     body: Callable[[], Iteration],
@@ -183,31 +185,138 @@ def run_recorded_iteration(
     record: Callable[[IterationRecord], None] | None = None,
     outage: OutageLog | None = None,
 ) -> Iteration:
-    """Run one iteration; an exception is logged with its traceback, recorded, and survived.
+    """Run one iteration; an exception is logged, recorded (:func:`failed_iteration`), and survived.
 
     With ``outage``, a streak of failures (a database or broker outage) is logged once with
-    its traceback and then quietly, instead of a traceback per iteration.
+    its traceback and then quietly; without it, every failure is logged with its traceback.
     """
     started = time.time()
-    error: str | None = None
     try:
         result = body()
     except Exception as exc:
-        if outage is not None:
-            outage.failed(exc)
-        else:
-            logger.exception("celery_boundedbeat: %s iteration failed", name)
-        error = f"{type(exc).__name__}: {exc}"
+        done = failed_iteration(name, exc, started, outage or OutageLog(logger, f"{name} iteration"))
         result = Iteration(failed=True)
     else:
         if outage is not None and outage.failing:
             outage.succeeded()
+        done = IterationRecord(name=name, started_at=started, finished_at=time.time(), error=None)
     if record is not None:
         try:
-            record(IterationRecord(name=name, started_at=started, finished_at=time.time(), error=error))
+            record(done)
         except Exception:
             logger.exception("celery_boundedbeat: could not record %s iteration", name)
     return result
+
+
+class IterationRecorder:
+    """The one owner of failed background iterations: how they are logged, kept and written.
+
+    Every loop of the beat reports here (:meth:`failed`, :meth:`succeeded`), and so does the
+    dispatcher, whose ``record=`` callback is :meth:`record`. A failed iteration is logged
+    through its loop's :class:`OutageLog` and kept in a bounded queue (the newest
+    ``capacity``); the queue is written in order by ``write`` as soon as the database is
+    usable. After a failure that ``is_outage`` calls an outage the write is not even tried:
+    it waits for the next success, which also ends the outage and reports how long it lasted.
+
+    Pure: the database is reached only through ``write``. Only the thread that calls
+    :meth:`failed` and :meth:`succeeded` writes; :meth:`record` only queues, so the
+    dispatcher's thread never waits on the database for the beat's bookkeeping.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[IterationRecord], None],
+        *,
+        logger: logging.Logger,
+        is_outage: Callable[[BaseException], bool],
+        label: str = "",
+        capacity: int = UNRECORDED_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._write = write
+        self._log = logger
+        self._is_outage = is_outage
+        self._label = label
+        self._clock = clock
+        self._streaks: dict[str, OutageLog] = {}
+        self._unwritten: deque[IterationRecord] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        #: Monotonic time of the first outage since the last success (``None``: no outage).
+        self.down_since: float | None = None
+
+    def outage_log(self, name: str) -> OutageLog:
+        """The streak log of loop ``name`` (``label`` + ``name`` in its lines)."""
+        streak = self._streaks.get(name)
+        if streak is None:
+            streak = self._streaks[name] = OutageLog(self._log, f"{self._label}{name}")
+        return streak
+
+    def failed(self, name: str, exc: BaseException, started_at: float) -> None:
+        """One failed iteration of ``name`` (call from its ``except`` block): log, keep, go on."""
+        self._keep(failed_iteration(name, exc, started_at, self.outage_log(name)))
+        if not self._is_outage(exc):
+            self.flush()
+        elif self.down_since is None:
+            self.down_since = self._clock()
+
+    def succeeded(self, name: str) -> float | None:
+        """An iteration of ``name`` reached the database: end its streak, write what waits.
+
+        Returns how long the database was out (seconds) when this success ends an outage.
+        """
+        streak = self._streaks.get(name)
+        if streak is not None:
+            streak.succeeded()
+        down: float | None = None
+        if self.down_since is not None:
+            down = self._clock() - self.down_since
+            self.down_since = None
+        self.flush()
+        return down
+
+    def record(self, record: IterationRecord) -> None:
+        """Another loop's iteration (any thread): a failed one is kept for the next write."""
+        if record.error is not None:
+            self._keep(record)
+
+    def flush(self) -> bool:
+        """Write the kept records oldest first; stop at the first that cannot be written yet.
+
+        Only an outage stops the flush. A record the database refuses for what it holds (a
+        data error) would be refused forever and hold every later record behind it: it is
+        logged once and dropped.
+        """
+        while True:
+            with self._lock:
+                if not self._unwritten:
+                    return True
+                oldest = self._unwritten[0]
+            try:
+                self._write(oldest)
+            except Exception as exc:
+                if self._is_outage(exc):
+                    self._log.debug(
+                        "celery_boundedbeat: could not record a failed %s iteration yet", oldest.name
+                    )
+                    return False
+                self._log.error(
+                    "celery_boundedbeat: dropped the record of a failed %s iteration the database "
+                    "refuses (a data error, not retried)",
+                    oldest.name,
+                    exc_info=exc,
+                )
+            with self._lock:
+                if self._unwritten and self._unwritten[0] is oldest:
+                    self._unwritten.popleft()
+
+    @property
+    def unwritten(self) -> int:
+        """How many failed iterations wait to be written."""
+        return len(self._unwritten)
+
+    def _keep(self, record: IterationRecord) -> None:
+        with self._lock:
+            self._unwritten.append(record)
 
 
 class BackgroundLoop:
@@ -253,7 +362,7 @@ def run_dispatch_loop(
     maximum: Callable[[], float],
 ) -> None:
     """``run_dispatch_worker``: drain at startup, then on timer or wakeup, with backoff."""
-    backoff = DispatchBackoff(base(), maximum())
+    backoff = DispatchBackoff(base())
     if shutdown.is_set():
         return
     backoff.record(Trigger.STARTUP, drain(), base(), maximum())

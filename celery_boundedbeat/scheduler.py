@@ -6,62 +6,49 @@ wakes the dispatcher, and then waits until the next due time, a completion notic
 poll interval, whichever comes first.
 
 High availability: any number of beats may run against one database. Only the holder of
-the ``beat`` lease (``boundedbeat_leases``) ticks, dispatches and reaps. It renews every
-``lease_renew_interval`` and acts only until ``lease_ttl - lease_renew_interval`` after the
-start of its last successful renewal, so a holder that cannot renew (database lost, process
-frozen) stops a whole renew interval before its lease can expire; a standby tries every
-renew interval and takes over at most ``lease_ttl + lease_renew_interval`` after the
-holder's last renewal. The unique ``(schedule, scheduled_for)`` key makes a double emission
-impossible even if two beats ever believed they held it.
+the ``beat`` lease (``boundedbeat_leases``, kept by :class:`~.lease.LeaseKeeper`) ticks,
+dispatches and reaps. A holder that cannot renew stops a whole renew interval before its
+lease can expire; a standby tries every renew interval and takes over at most
+``lease_ttl + lease_renew_interval`` after the holder's last renewal. The unique
+``(schedule, scheduled_for)`` key makes a double emission impossible even if two beats ever
+believed they held it.
 
-Faults: every tick, reap, renewal and drain is one recorded iteration: an exception is
-logged (with its traceback the first time in a streak, then one line every 30 s), recorded
-in ``boundedbeat_iterations`` (once the database is back, if it was the database that
-failed), and the loop goes on. After losing the database the reaper waits three heartbeat
-intervals before settling anything, so workers can first write the outcomes they kept.
+Faults: every tick, reap, renewal, chore and drain is one recorded iteration
+(:class:`~.runtime.IterationRecorder`): an exception is logged (with its traceback the first
+time in a streak, then one line every 30 s), recorded in ``boundedbeat_iterations`` (once
+the database is back, if it was the database that failed), and the loop goes on. After
+losing the database the reaper waits three heartbeat intervals before settling anything, so
+workers can first write the outcomes they kept.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
-import uuid
-from collections import deque
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery, beat
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from .dispatch import Dispatcher
 from .engine import get_engine, safe_url
 from .exceptions import BoundedBeatError, ConfigurationError
-from .messages import clip_error, error_text
+from .faults import is_outage
+from .lease import LeaseEvent, LeaseKeeper, LeaseTurn
+from .messages import clip_error
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import EntrySpec
-from .runtime import BackgroundLoop, IterationRecord, OutageLog
+from .runtime import BackgroundLoop, IterationRecord, IterationRecorder
 from .settings import Settings
 from .store import QUEUE_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
-LEASE_NAME = "beat"
 #: Exit status when the configuration is invalid (EX_CONFIG).
 EX_CONFIG = 78
-#: Failed iterations kept for ``boundedbeat_iterations`` while the database is unreachable.
-_UNRECORDED_MAX = 500
-
-
-def _is_disconnect(exc: BaseException) -> bool:
-    """Whether ``exc`` means the database could not be reached (rather than a bug)."""
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
@@ -77,24 +64,20 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         # Attributes first: the base __init__ calls setup_schedule() at its end.
         self._settings: Settings | None = None
         self._store: Store | None = None
+        self._lease: LeaseKeeper | None = None
         self._specs: dict[str, EntrySpec] = {}
         self._rng = random.Random()
         self._wake = threading.Event()
         self._dispatch_loop: BackgroundLoop | None = None
         self._dispatcher: Dispatcher | None = None
         self._listener: Listener | None = None
-        self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._leader_until = 0.0
-        self._next_lease_at = 0.0
+        self._recorder = IterationRecorder(
+            self._write_record, logger=logger, is_outage=is_outage, label="beat "
+        )
         self._next_reap_at = 0.0
         self._next_retention_at = 0.0
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
-        self._db_down_since: float | None = None
-        self._streaks: dict[str, OutageLog] = {}
-        self._unrecorded: deque[tuple[str, datetime, datetime, str | None]] = deque(maxlen=_UNRECORDED_MAX)
-        self._was_leader = False
-        self._announced_standby = False
         self._closed = False
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
@@ -112,6 +95,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if self._store is None:
             raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
         return self._store
+
+    @property
+    def lease(self) -> LeaseKeeper:
+        if self._lease is None:
+            raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
+        return self._lease
 
     def setup_schedule(self) -> None:
         """Validate every entry, prepare the database, reconcile schedules, start helpers."""
@@ -133,6 +122,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 logger.critical("%s", exc)
                 raise SystemExit(EX_CONFIG) from None
         self._store = Store(engine)
+        self._lease = LeaseKeeper(
+            self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
+        )
         self._store.sync_config(self._specs.values(), utcnow(), self._rng)
         logger.info(
             "celery_boundedbeat: %d schedule(s) from %s; database %s",
@@ -142,7 +134,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         )
         if settings.dispatch_enabled:
             self._dispatcher = Dispatcher(
-                self.app, self._store, settings, may_run=self._is_leader, record=self._record_drain
+                self.app, self._store, settings, may_run=self._lease.acting, record=self._recorder.record
             )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
@@ -161,26 +153,27 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: keep the lease, emit due runs, reap, then wait for the next reason to look."""
-        if self._store is None:
+        if self._store is None or self._lease is None:
             return float(self.max_interval)
         mono = time.monotonic()
         wait = min(
             self.settings.poll_interval if self.store.is_sqlite_like else self.max_interval, self.max_interval
         )
-        if mono >= self._next_lease_at:
-            self._renew_lease(mono)
-        if not self._is_leader():
-            if self._was_leader:
-                self._was_leader = False
-                logger.warning(
-                    "celery_boundedbeat: could not renew the beat lease in time; stopped scheduling "
-                    "%g s before it can expire; standing by",
-                    self.settings.lease_renew_interval,
-                )
-            self._wait(max(0.05, min(wait, self._next_lease_at - time.monotonic())))
+        if not self._keep_lease():
+            self._wait(max(0.05, min(wait, self.lease.seconds_to_renewal())))
             return 0
         now = utcnow()
-        result: TickResult | None = None
+        result = self._emit_due(now)
+        if result is not None:
+            self._log_tick(result)
+            if result.emitted and self._dispatch_loop is not None:
+                self._dispatch_loop.wake()
+        self._housekeep(mono, now)
+        self._wait(self._next_wait(result, wait))
+        return 0
+
+    def _emit_due(self, now: datetime) -> TickResult | None:
+        """The tick proper: every due schedule in one transaction (``None`` if it failed)."""
         try:
             result = self.store.tick(
                 self._specs,
@@ -191,15 +184,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             )
         except Exception as exc:
             self._failed("tick", exc, now)
-        else:
-            self._succeeded("tick")
-        if result is not None:
-            self._log_tick(result)
-            if result.emitted and self._dispatch_loop is not None:
-                self._dispatch_loop.wake()
-        self._housekeep(mono, now)
-        self._wait(self._next_wait(result, wait))
-        return 0
+            return None
+        self._succeeded("tick")
+        return result
 
     def _housekeep(self, mono: float, now: datetime) -> None:
         """The leader's periodic chores: the reaper, silent workers' rows, retention."""
@@ -230,13 +217,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             if until_due <= 0 and not result.emitted:
                 until_due = wait  # due rows this beat has no definition for: do not spin
             wait = min(wait, max(until_due, 0.0))
-        wait = min(
-            wait,
-            max(self._next_lease_at - time.monotonic(), 0.0),
-            max(self._next_reap_at - time.monotonic(), 0.0),
-            max(self._leader_until - time.monotonic(), 0.0),
-        )
-        return wait
+        return min(wait, self.lease.seconds_to_next_look(), max(self._next_reap_at - time.monotonic(), 0.0))
 
     def _wait(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or a completion / trigger notice wakes the beat."""
@@ -285,101 +266,67 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     # -- recorded iterations ---------------------------------------------------------------
 
     def _failed(self, loop: str, exc: BaseException, started: datetime) -> None:
-        """One failed iteration of ``loop``: log it (quietly when repeated), record it, go on."""
-        streak = self._streaks.get(loop)
-        if streak is None:
-            streak = self._streaks[loop] = OutageLog(logger, f"beat {loop}")
-        streak.failed(exc)
-        if _is_disconnect(exc) and self._db_down_since is None:
-            self._db_down_since = time.monotonic()
-        self._unrecorded.append((loop, started, utcnow(), error_text(exc)))
-        if not _is_disconnect(exc):
-            self._flush_records()
+        """One failed iteration of ``loop``: the recorder logs and keeps it; the loop goes on."""
+        self._recorder.failed(loop, exc, started.timestamp())
 
     def _succeeded(self, loop: str) -> None:
-        """An iteration of ``loop`` reached the database: end its streak, catch up on records."""
-        streak = self._streaks.get(loop)
-        if streak is not None:
-            streak.succeeded()
-        if self._db_down_since is not None:
-            down = time.monotonic() - self._db_down_since
-            self._db_down_since = None
-            grace = 3 * self.settings.heartbeat_interval
-            self._reap_not_before = time.monotonic() + grace
-            logger.warning(
-                "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "
-                "%g s for workers to report the runs that ended meanwhile",
-                down,
-                grace,
-            )
-        self._flush_records()
+        """An iteration of ``loop`` reached the database; after an outage, hold the reaper back."""
+        down = self._recorder.succeeded(loop)
+        if down is None:
+            return
+        grace = 3 * self.settings.heartbeat_interval
+        self._reap_not_before = time.monotonic() + grace
+        logger.warning(
+            "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "
+            "%g s for workers to report the runs that ended meanwhile",
+            down,
+            grace,
+        )
 
-    def _record_drain(self, record: IterationRecord) -> None:
-        """The dispatcher's iterations (its own thread): failed ones are recorded by the beat."""
-        if record.error is not None:
-            self._unrecorded.append(
-                (
-                    record.name,
-                    datetime.fromtimestamp(record.started_at, UTC),
-                    datetime.fromtimestamp(record.finished_at, UTC),
-                    clip_error(record.error),
-                )
-            )
-
-    def _flush_records(self) -> None:
-        while self._unrecorded:
-            loop, started, finished, error = self._unrecorded[0]
-            try:
-                self.store.record_iteration(loop, self._holder, started, finished, error)
-            except Exception:
-                logger.debug("celery_boundedbeat: could not record a failed %s iteration yet", loop)
-                return
-            self._unrecorded.popleft()
+    def _write_record(self, record: IterationRecord) -> None:
+        """The recorder's writer: one ``boundedbeat_iterations`` row, signed by this beat."""
+        self.store.record_iteration(
+            record.name,
+            self.lease.holder,
+            datetime.fromtimestamp(record.started_at, UTC),
+            datetime.fromtimestamp(record.finished_at, UTC),
+            None if record.error is None else clip_error(record.error),
+        )
 
     # -- leader lease ---------------------------------------------------------------------
 
-    def _renew_lease(self, mono: float) -> None:
-        settings = self.settings
-        self._next_lease_at = mono + settings.lease_renew_interval
-        now = utcnow()
-        try:
-            held = self.store.acquire_lease(LEASE_NAME, self._holder, now, settings.lease_ttl)
-        except Exception as exc:
-            self._failed("lease renewal", exc, now)
-            # Retry soon: a holder gets several attempts before it has to stand down (tick()).
-            self._next_lease_at = mono + min(1.0, settings.lease_renew_interval)
-            return
-        self._succeeded("lease renewal")
-        if held:
-            # ``mono`` was read before the renewal began, so this ends a whole renew interval
-            # before the lease (now + ttl as written) can expire for the other beats.
-            self._leader_until = mono + max(settings.lease_ttl - settings.lease_renew_interval, 0.5)
-            if not self._was_leader:
-                logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", self._holder)
-                self._was_leader = True
-                self._announced_standby = False
-                if self._dispatch_loop is not None:
-                    self._dispatch_loop.wake()
-            return
-        # Another beat holds it: stand down at once, whatever our own clock says.
-        self._leader_until = 0.0
-        if self._was_leader:
+    def _keep_lease(self) -> bool:
+        """Renew the lease when due, log and act on what changed; whether this beat may act."""
+        turn = self.lease.keep()
+        if turn.renewal_started is not None:
+            if turn.error is not None:
+                self._failed("lease renewal", turn.error, turn.renewal_started)
+            else:
+                self._succeeded("lease renewal")
+        for event in turn.events:
+            self._on_lease_event(event, turn)
+        return turn.acting
+
+    def _on_lease_event(self, event: LeaseEvent, turn: LeaseTurn) -> None:
+        holder = self.lease.holder
+        if event is LeaseEvent.GAINED:
+            logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
+            if self._dispatch_loop is not None:
+                self._dispatch_loop.wake()
+        elif event is LeaseEvent.TAKEN:
             logger.warning("celery_boundedbeat: another beat took the beat lease; standing by")
-            self._was_leader = False
-        if not self._announced_standby:
-            self._announced_standby = True
-            try:
-                holder = self.store.lease_holder(LEASE_NAME, now)
-            except Exception:
-                holder = None
+        elif event is LeaseEvent.STANDING_BY:
             logger.info(
                 "celery_boundedbeat: %s is standing by; the beat lease is held by %s",
-                self._holder,
-                holder[0] if holder else "another beat",
+                holder,
+                turn.other_holder or "another beat",
             )
-
-    def _is_leader(self) -> bool:
-        return time.monotonic() < self._leader_until
+        elif event is LeaseEvent.EXPIRED:
+            logger.warning(
+                "celery_boundedbeat: could not renew the beat lease in time; stopped scheduling "
+                "%g s before it can expire; standing by",
+                self.settings.lease_renew_interval,
+            )
 
     # -- shutdown and banner ----------------------------------------------------------------
 
@@ -393,9 +340,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
         if self._listener is not None:
             self._listener.stop()
-        if self._store is not None and self._was_leader:
+        if self._lease is not None:
             try:
-                self.store.release_lease(LEASE_NAME, self._holder)
+                self._lease.release()
             except Exception:
                 logger.debug("celery_boundedbeat: could not release the lease", exc_info=True)
         super().close()

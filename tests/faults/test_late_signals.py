@@ -200,11 +200,11 @@ def test_failed_beat_iterations_are_logged_once_recorded_and_survived(
         monkeypatch.setattr(store, "tick", tick)
         monkeypatch.setattr(store, "reject_unpublished", reject)
         monkeypatch.setattr(store, "acquire_lease", lease)
-        monkeypatch.setattr(scheduler, "_next_lease_at", 0.0)
+        monkeypatch.setattr(scheduler.lease, "next_renewal_at", 0.0)
         with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
             for _ in range(12):
                 scheduler.tick()
-                scheduler._next_lease_at = 0.0  # renew on every pass to reach the failing calls
+                scheduler.lease.next_renewal_at = 0.0  # renew on every pass to reach the failing calls
                 if calls["tick"] > 4 and calls["lease"] > 4 and calls["drain"] > 1:
                     break
         tick_logs = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,6 @@ from celery_boundedbeat.runtime import (
     IterationRecord,
     Trigger,
     effective_jitter_cap,
-    periodic_sleep_duration,
     run_dispatch_loop,
     run_recorded_iteration,
 )
@@ -33,7 +31,7 @@ FAILED = Iteration(failed=True)
 
 def test_zero_base_interval_uses_the_one_second_minimum() -> None:
     """A zero base interval sleeps 1 s, then 2 s after an idle drain."""
-    backoff = DispatchBackoff(0, 30)
+    backoff = DispatchBackoff(0)
     assert backoff.sleep_duration(0, 30) == 1.0
     backoff.record(Trigger.TIMER, IDLE, 0, 30)
     assert backoff.sleep_duration(0, 30) == 2.0
@@ -41,7 +39,7 @@ def test_zero_base_interval_uses_the_one_second_minimum() -> None:
 
 def test_backoff_grows_on_idle_and_caps() -> None:
     """Idle drains double the sleep (5, 10, 20) until the max (30), where it stays."""
-    backoff = DispatchBackoff(5, 30)
+    backoff = DispatchBackoff(5)
     seen = [backoff.sleep_duration(5, 30)]
     for _ in range(4):
         backoff.record(Trigger.TIMER, IDLE, 5, 30)
@@ -51,7 +49,7 @@ def test_backoff_grows_on_idle_and_caps() -> None:
 
 def test_backoff_resets_on_wakeup_and_activity() -> None:
     """A wakeup or a drain that did work resets the sleep to the base interval."""
-    backoff = DispatchBackoff(5, 60)
+    backoff = DispatchBackoff(5)
     backoff.record(Trigger.TIMER, IDLE, 5, 60)
     backoff.record(Trigger.TIMER, IDLE, 5, 60)
     assert backoff.sleep_duration(5, 60) == 20
@@ -65,11 +63,11 @@ def test_backoff_resets_on_wakeup_and_activity() -> None:
 
 def test_backoff_never_polls_faster_than_normal_after_an_error() -> None:
     """After a failed drain the loop sleeps max(base, 5 s); the next idle drain doubles from the base."""
-    backoff = DispatchBackoff(30, 120)
+    backoff = DispatchBackoff(30)
     backoff.record(Trigger.TIMER, FAILED, 30, 120)
     assert backoff.sleep_duration(30, 120) == 30
 
-    short = DispatchBackoff(1, 120)
+    short = DispatchBackoff(1)
     short.record(Trigger.TIMER, FAILED, 1, 120)
     assert short.sleep_duration(1, 120) == ERROR_BACKOFF_FLOOR == 5.0
 
@@ -79,7 +77,7 @@ def test_backoff_never_polls_faster_than_normal_after_an_error() -> None:
 
 def test_backoff_follows_changed_intervals() -> None:
     """The latest base and max are honoured: a max below the base is raised to the base."""
-    backoff = DispatchBackoff(5, 30)
+    backoff = DispatchBackoff(5)
     for _ in range(3):
         backoff.record(Trigger.TIMER, IDLE, 5, 30)
     assert backoff.sleep_duration(5, 30) == 30
@@ -87,37 +85,18 @@ def test_backoff_follows_changed_intervals() -> None:
     assert backoff.sleep_duration(50, 8) == 50
 
 
-# -- periodic_sleep_duration / effective_jitter_cap ------------------------------------------
+# -- effective_jitter_cap --------------------------------------------------------------------
 
 
-def test_periodic_sleep_duration_is_unchanged_without_jitter() -> None:
-    """Without a jitter cap the interval comes back as is."""
-    assert periodic_sleep_duration(5, None) == 5
+def test_effective_jitter_cap_is_a_tenth_of_the_interval_at_most() -> None:
+    """A 30 s jitter cap on a 5 s (or a 1 s) interval allows a tenth of the interval."""
+    assert effective_jitter_cap(5, 30) == 0.5
+    assert effective_jitter_cap(1, 30) == 0.1
 
 
-def test_periodic_sleep_duration_raises_a_zero_interval_to_one_second() -> None:
-    """Zero floors to 1 s; with jitter the delay lands in [1, 1.1] s; small non-zero intervals pass."""
-    assert periodic_sleep_duration(0, None) == 1.0
-    rng = random.Random(1)
-    for _ in range(64):
-        assert 1.0 <= periodic_sleep_duration(0, 30, rng) <= 1.1
-    assert periodic_sleep_duration(0.05, None) == 0.05
-
-
-def test_periodic_sleep_duration_caps_jitter_at_ten_percent() -> None:
-    """A 30 s jitter cap on a 5 s interval adds at most 0.5 s."""
-    rng = random.Random(2)
-    delays = [periodic_sleep_duration(5, 30, rng) for _ in range(64)]
-    assert all(5 <= d <= 5.5 for d in delays)
-    assert max(delays) > 5.25
-
-
-def test_periodic_sleep_duration_uses_a_smaller_requested_cap() -> None:
+def test_effective_jitter_cap_uses_a_smaller_requested_cap() -> None:
     """On a one-hour interval a 30 s cap (below 10 %) is the bound."""
-    rng = random.Random(3)
-    delays = [periodic_sleep_duration(3600, 30, rng) for _ in range(64)]
-    assert all(3600 <= d <= 3630 for d in delays)
-    assert max(delays) > 3615
+    assert effective_jitter_cap(3600, 30) == 30
 
 
 def test_effective_jitter_cap_handles_a_zero_interval() -> None:
@@ -154,6 +133,20 @@ def test_recorded_iteration_survives_an_exception_and_records_it(caplog: pytest.
     assert [r.error for r in records] == ["RuntimeError: boom"]
     assert any(r.exc_info for r in caplog.records)
     assert "cleanup" in caplog.text
+
+
+def test_recorded_iteration_without_an_outage_log_logs_every_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without an outage log every failure is logged with its traceback, not only a streak's first."""
+
+    def boom() -> Iteration:
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="t"):
+        for _ in range(3):
+            run_recorded_iteration("cleanup", boom, logging.getLogger("t"))
+    assert len([r for r in caplog.records if r.exc_info]) == 3
 
 
 def test_recorded_iteration_survives_a_failing_recorder(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,13 +1,18 @@
-"""The beat class in-process: Celery's scheduler contract, banner, retention."""
+"""The beat class in-process: Celery's scheduler contract, banner, retention, lease and recorded ticks."""
 
 from __future__ import annotations
 
+import logging
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from celery import Celery
+from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.lease import LEASE_NAME
 from celery_boundedbeat.scheduler import Scheduler
 from celery_boundedbeat.store import Store
 
@@ -59,5 +64,86 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
         fresh = [r for r in store.runs(name="keep") if r.id != emitted[0].id]
         assert fresh, "the tick itself still emitted the current run"
         assert all(r.enqueued_at > old for r in fresh)
+    finally:
+        scheduler.close()
+
+
+def _quiet_app(url: str) -> Celery:
+    return _app(
+        url,
+        boundedbeat_dispatch_enabled=False,
+        boundedbeat_poll_interval=0.05,
+        beat_schedule={"keep": {"task": "proj.keep", "schedule": 3600.0}},
+    )
+
+
+def test_one_beat_schedules_the_other_stands_by_and_takes_over_after_close(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first beat holds the lease, the second says once who does, and takes over once the first closes."""
+    first, second = Scheduler(_quiet_app(sqlite_url)), Scheduler(_quiet_app(sqlite_url))
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
+            first.tick()
+            second.tick()
+            second.lease.next_renewal_at = 0.0
+            second.tick()
+        messages = [r.getMessage() for r in caplog.records]
+        assert f"celery_boundedbeat: {first.lease.holder} holds the beat lease; scheduling" in messages
+        standing = [m for m in messages if "is standing by" in m]
+        assert standing == [
+            f"celery_boundedbeat: {second.lease.holder} is standing by; "
+            f"the beat lease is held by {first.lease.holder}"
+        ]
+        assert first.lease.acting() and not second.lease.acting()
+        first.close()
+        assert first.store.lease_holder(LEASE_NAME, datetime.now(UTC)) is None, "released on close"
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
+            second.lease.next_renewal_at = 0.0
+            second.tick()
+        assert f"celery_boundedbeat: {second.lease.holder} holds the beat lease; scheduling" in caplog.text
+        assert second.lease.acting()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_tick_lost_to_the_database_is_recorded_when_it_returns(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ticks lost to the database are logged once, recorded once it returns, and hold the reaper back."""
+    scheduler = Scheduler(_quiet_app(sqlite_url))
+    try:
+        store = scheduler.store
+        scheduler.tick()  # lease, tick, reap and chores all done: nothing else is due for a while
+        real_tick, down = store.tick, [True]
+
+        def tick(*args: Any, **kwargs: Any) -> Any:
+            if down[0]:
+                raise OperationalError("SELECT 1", {}, ConnectionRefusedError("refused"))
+            return real_tick(*args, **kwargs)
+
+        monkeypatch.setattr(store, "tick", tick)
+        with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
+            scheduler.tick()
+            scheduler.tick()
+            assert scheduler._recorder.unwritten == 2, "kept, not written, while the database is out"
+            assert scheduler._reap_not_before == 0.0
+            down[0] = False
+            scheduler.tick()
+        failed = "celery_boundedbeat: beat tick failed; retrying"
+        tracebacks = [r for r in caplog.records if r.getMessage() == failed]
+        assert len(tracebacks) == 1 and tracebacks[0].exc_info is not None
+        assert "is reachable again" in caplog.text
+        assert scheduler._reap_not_before > 0
+        with store.session() as s:
+            from celery_boundedbeat.schema import IterationRow
+
+            rows = [
+                (r.loop, r.holder, r.error or "") for r in s.query(IterationRow).order_by(IterationRow.id)
+            ]
+        assert [(loop, holder) for loop, holder, _ in rows] == [("tick", scheduler.lease.holder)] * 2
+        assert all(error.startswith("OperationalError: ") for _, _, error in rows)
     finally:
         scheduler.close()
