@@ -546,38 +546,49 @@ class Store:
             )
 
     def reject_unpublished(self, now: datetime, publish_timeout: float, rng: random.Random) -> list[Settled]:
-        """Queued runs older than the publish limit settle ``rejected`` and leave the queue."""
+        """Runs still queued past the publish limit settle ``rejected`` and leave the queue.
+
+        Each stale row is taken in the transaction that settles its run, and only while no
+        dispatcher holds a live claim on it and its run is still ``queued``: a row another
+        dispatcher claimed or published since it was picked is left alone.
+        """
         cutoff = now - timedelta(seconds=publish_timeout)
         with self.session() as s:
-            rows = list(
+            picked = list(
                 s.execute(
                     select(QueueRow.id, QueueRow.run_id)
-                    .where(
-                        QueueRow.enqueued_at < cutoff,
-                        or_(QueueRow.claimed_until.is_(None), QueueRow.claimed_until < now),
-                    )
+                    .where(QueueRow.enqueued_at < cutoff, self._unclaimed(now))
                     .limit(1000)
                 )
             )
-            if not rows:
-                return []
-            # Outbox rows have no run; a run's queue row goes in the same transaction as its settle.
-            orphans = [r.id for r in rows if not r.run_id]
-            if orphans:
-                s.execute(delete(QueueRow).where(QueueRow.id.in_(orphans)))
+        error = f"not published within boundedbeat_publish_timeout ({publish_timeout:g} s)"
         settled: list[Settled] = []
-        for r in rows:
-            if r.run_id:
-                done = self.settle_run(
-                    r.run_id,
-                    RunState.REJECTED,
-                    now=now,
-                    error=f"not published within boundedbeat_publish_timeout ({publish_timeout:g} s)",
-                    rng=rng,
-                )
-                if done:
-                    settled.append(done)
+        for row in picked:
+            with self.session() as s:
+                done = self._reject_stale_row(s, row.id, row.run_id, now=now, error=error, rng=rng)
+            if done:
+                settled.append(done)
         return settled
+
+    @staticmethod
+    def _unclaimed(now: datetime) -> Any:
+        return or_(QueueRow.claimed_until.is_(None), QueueRow.claimed_until < now)
+
+    def _reject_stale_row(
+        self, s: Session, queue_id: int, run_id: str | None, *, now: datetime, error: str, rng: random.Random
+    ) -> Settled | None:
+        """Take one stale queue row and settle its run ``rejected``, both guarded (run, then queue:
+        the lock order of ``start_run`` and the dispatcher's mark)."""
+        if run_id is not None:
+            state = s.scalar(select(RunRow.state).where(RunRow.id == run_id).with_for_update())
+            if state != RunState.QUEUED.value:
+                return None
+        taken = s.execute(delete(QueueRow).where(QueueRow.id == queue_id, self._unclaimed(now)))
+        if not taken.rowcount or run_id is None:  # type: ignore[attr-defined]
+            return None  # claimed meanwhile, or an outbox row (no run to settle)
+        return self._settle(
+            s, run_id, RunState.REJECTED, now=now, error=error, rng=rng, expect=[RunState.QUEUED]
+        )
 
     # -- runs (worker side) -----------------------------------------------------------
 
@@ -647,47 +658,77 @@ class Store:
         to the run's ``error`` as ``late outcome from the worker at <time>: <state>[: error]``.
         """
         assert state.terminal
-        allowed = [s.value for s in (expect or ACTIVE_STATES)]
         with self.session() as s:
-            run = s.execute(
-                select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error).where(
-                    RunRow.id == run_id
-                )
-            ).first()
-            if run is None:
-                return None
-            if run.state not in allowed:
-                if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
-                    self._note_late_outcome(s, run_id, run.state, run.error, state, now, error)
-                return None
-            elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
-            if elapsed is not None:
-                elapsed = max(elapsed, 0)
-            result = s.execute(
-                update(RunRow)
-                .where(RunRow.id == run_id, RunRow.state == run.state)
-                .values(state=state.value, finished_at=now, elapsed_ms=elapsed, error=error)
+            return self._settle(
+                s, run_id, state, now=now, error=error, stop=stop, rng=rng, expect=expect, late=late
             )
-            if not result.rowcount:  # type: ignore[attr-defined]
-                return None
-            s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-            row = s.get(ScheduleRow, run.schedule, with_for_update=True)
-            if row is not None:
-                policy = Policy.from_json(row.policy)
-                new = on_settle(
-                    policy,
-                    _state_of(row),
-                    outcome=state,
-                    elapsed_ms=elapsed,
-                    now=now,
-                    stop=stop,
-                    gap_s=row.period or 0.0,
-                    rng=rng or random.Random(),
-                )
-                _apply_state(row, new, now)
-                row.last_finished_at = now
-                self._notify(s, SETTLED_CHANNEL, run.schedule)
-            return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
+
+    def _settle(
+        self,
+        s: Session,
+        run_id: str,
+        state: RunState,
+        *,
+        now: datetime,
+        error: str | None = None,
+        stop: bool = False,
+        rng: random.Random | None = None,
+        expect: Iterable[RunState] | None = None,
+        late: bool = False,
+    ) -> Settled | None:
+        """``settle_run`` inside the caller's transaction (see there)."""
+        allowed = [st.value for st in (expect or ACTIVE_STATES)]
+        run = s.execute(
+            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error).where(RunRow.id == run_id)
+        ).first()
+        if run is None:
+            return None
+        if run.state not in allowed:
+            if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
+                self._note_late_outcome(s, run_id, run.state, run.error, state, now, error)
+            return None
+        elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
+        if elapsed is not None:
+            elapsed = max(elapsed, 0)
+        result = s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state == run.state)
+            .values(state=state.value, finished_at=now, elapsed_ms=elapsed, error=error)
+        )
+        if not result.rowcount:  # type: ignore[attr-defined]
+            return None
+        s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
+        self._free_slot(s, run.schedule, state, elapsed, now=now, stop=stop, rng=rng or random.Random())
+        return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
+
+    def _free_slot(
+        self,
+        s: Session,
+        schedule: str,
+        outcome: RunState,
+        elapsed: int | None,
+        *,
+        now: datetime,
+        stop: bool,
+        rng: random.Random,
+    ) -> None:
+        """Count a settled run on its schedule and free its slot (``on_settle``)."""
+        row = s.get(ScheduleRow, schedule, with_for_update=True)
+        if row is None:
+            return
+        new = on_settle(
+            Policy.from_json(row.policy),
+            _state_of(row),
+            outcome=outcome,
+            elapsed_ms=elapsed,
+            now=now,
+            stop=stop,
+            gap_s=row.period or 0.0,
+            rng=rng,
+        )
+        _apply_state(row, new, now)
+        row.last_finished_at = now
+        self._notify(s, SETTLED_CHANNEL, schedule)
 
     @staticmethod
     def _note_late_outcome(
