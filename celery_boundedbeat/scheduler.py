@@ -79,6 +79,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
         self._closed = False
+        #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
+        self._reconciled = False
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
 
@@ -125,7 +127,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._lease = LeaseKeeper(
             self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
         )
-        self._store.sync_config(self._specs.values(), utcnow(), self._rng)
+        # The schedule rows are reconciled with beat_schedule by the lease holder only, when it
+        # takes the lease (``_reconcile``): a standby never writes them.
         logger.info(
             "celery_boundedbeat: %d schedule(s) from %s; database %s",
             len(self._specs),
@@ -159,7 +162,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         wait = min(
             self.settings.poll_interval if self.store.is_sqlite_like else self.max_interval, self.max_interval
         )
-        if not self._keep_lease():
+        if not self._keep_lease() or not self._reconcile():
             self._wait(max(0.05, min(wait, self.lease.seconds_to_renewal())))
             return 0
         now = utcnow()
@@ -171,6 +174,31 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._housekeep(mono, now)
         self._wait(self._next_wait(result, wait))
         return 0
+
+    def _reconcile(self) -> bool:
+        """Once per lease taken: bring the schedule rows in line with ``beat_schedule``.
+
+        Only the holder writes schedule rows, so a standby started with another config (an
+        older release during a rolling deploy) changes nothing, and two beats starting at
+        once on an empty database never both insert the same rows. Nothing is emitted before
+        the rows match this beat's config.
+        """
+        if self._reconciled:
+            return True
+        now = utcnow()
+        try:
+            self.store.sync_config(self._specs.values(), now, self._rng)
+        except Exception as exc:
+            self._failed("reconcile", exc, now)
+            return False
+        self._succeeded("reconcile")
+        self._reconciled = True
+        logger.info(
+            "celery_boundedbeat: %s reconciled %d schedule(s) from beat_schedule",
+            self.lease.holder,
+            len(self._specs),
+        )
+        return True
 
     def _emit_due(self, now: datetime) -> TickResult | None:
         """The tick proper: every due schedule in one transaction (``None`` if it failed)."""
@@ -309,6 +337,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _on_lease_event(self, event: LeaseEvent, turn: LeaseTurn) -> None:
         holder = self.lease.holder
+        if event is not LeaseEvent.STANDING_BY:
+            self._reconciled = False  # the next holder term starts with a reconcile
         if event is LeaseEvent.GAINED:
             logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
             if self._dispatch_loop is not None:

@@ -49,6 +49,8 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
         spec = scheduler._specs["keep"]
         old = datetime.now(UTC) - timedelta(days=3)
         rng = random.Random(0)
+        # The rows exist once a lease holder reconciled them (as the first tick would).
+        store.sync_config(scheduler._specs.values(), datetime.now(UTC), rng)
         with store.session() as s:
             from celery_boundedbeat.schema import ScheduleRow
 
@@ -68,12 +70,12 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
         scheduler.close()
 
 
-def _quiet_app(url: str) -> Celery:
+def _quiet_app(url: str, beat_schedule: dict[str, Any] | None = None) -> Celery:
     return _app(
         url,
         boundedbeat_dispatch_enabled=False,
         boundedbeat_poll_interval=0.05,
-        beat_schedule={"keep": {"task": "proj.keep", "schedule": 3600.0}},
+        beat_schedule=beat_schedule or {"keep": {"task": "proj.keep", "schedule": 3600.0}},
     )
 
 
@@ -147,3 +149,46 @@ def test_a_tick_lost_to_the_database_is_recorded_when_it_returns(
         assert all(error.startswith("OperationalError: ") for _, _, error in rows)
     finally:
         scheduler.close()
+
+
+def _schedule_rows(store: Store) -> dict[str, tuple[str, Any, bool, int]]:
+    return {r.name: (r.task, r.next_due_at, r.paused, r.runs) for r in store.schedules()}
+
+
+def test_only_the_lease_holder_writes_schedule_rows_and_a_standby_with_another_config_changes_none(
+    sqlite_url: str,
+) -> None:
+    """A standby started with a different beat_schedule leaves every schedule row as the holder wrote it."""
+    holder_conf = {
+        "keep": {"task": "proj.keep", "schedule": 60.0},
+        "mine": {"task": "proj.mine", "schedule": 60.0},
+    }
+    standby_conf = {
+        "keep": {"task": "proj.other", "schedule": 5.0},
+        "new": {"task": "proj.new", "schedule": 5.0},
+    }
+    first = Scheduler(_quiet_app(sqlite_url, beat_schedule=holder_conf))
+    second = Scheduler(_quiet_app(sqlite_url, beat_schedule=standby_conf))
+    try:
+        assert first.store.schedules() == [], "no beat writes schedule rows before it holds the lease"
+        first.tick()
+        first.store.set_paused("mine", True, datetime.now(UTC))
+        before = _schedule_rows(first.store)
+        assert set(before) == {"keep", "mine"}
+        for _ in range(3):
+            second.lease.next_renewal_at = 0.0
+            second.tick()
+        assert not second.lease.acting()
+        assert _schedule_rows(second.store) == before
+        first.close()
+        second.lease.next_renewal_at = 0.0
+        second.tick()
+        assert second.lease.acting()
+        after = _schedule_rows(second.store)
+        assert set(after) == {"keep", "new"}, (
+            "the new holder reconciles its own config when it takes the lease"
+        )
+        assert after["keep"][0] == "proj.other"
+    finally:
+        first.close()
+        second.close()
