@@ -88,8 +88,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     @property
     def settings(self) -> Settings:
+        """The settings, read once; invalid ones end beat with EX_CONFIG and the problems named
+        (Celery reads ``info`` for the banner before ``setup_schedule``: both land here)."""
         if self._settings is None:
-            self._settings = Settings.from_conf(self.app.conf)
+            try:
+                self._settings = Settings.from_conf(self.app.conf)
+            except ConfigurationError as exc:
+                logger.critical("%s", exc)
+                raise SystemExit(EX_CONFIG) from None
         return self._settings
 
     @property
@@ -106,8 +112,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def setup_schedule(self) -> None:
         """Validate every entry, prepare the database, reconcile schedules, start helpers."""
+        settings = self.settings
         try:
-            settings = self.settings
             from .entries import build_specs
 
             self._specs = build_specs(self.app, settings.default_policy)

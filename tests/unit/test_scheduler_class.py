@@ -192,3 +192,15 @@ def test_only_the_lease_holder_writes_schedule_rows_and_a_standby_with_another_c
     finally:
         first.close()
         second.close()
+
+
+def test_invalid_settings_end_the_banner_with_exit_78_naming_the_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery's lazy banner scheduler exits 78 on an invalid setting instead of raising a traceback."""
+    app = _app("sqlite:///unused.sqlite3", boundedbeat_lease_ttl="soon")
+    scheduler = Scheduler(app, lazy=True)
+    with pytest.raises(SystemExit) as info:
+        _ = scheduler.info
+    assert info.value.code == 78
+    assert "boundedbeat_lease_ttl" in caplog.text
