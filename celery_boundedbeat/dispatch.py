@@ -204,5 +204,13 @@ class Dispatcher:
             wakeup,
             lambda: self.drain(shutdown),
             lambda: self.settings.dispatch_interval,
-            lambda: self.settings.dispatch_max_interval,
+            self._max_idle_sleep,
         )
+
+    def _max_idle_sleep(self) -> float:
+        """The cap of the idle backoff: on PostgreSQL NOTIFY wakes the loop for new rows; on
+        SQLite nothing can wake it across processes (an ``enqueue`` from a web process, rows a
+        beat wrote for a standalone dispatcher), so it looks at least every ``poll_interval``."""
+        if self.store.is_postgres:
+            return self.settings.dispatch_max_interval
+        return min(self.settings.dispatch_max_interval, self.settings.poll_interval)
