@@ -11,11 +11,12 @@ from typing import Any
 import click
 from celery import Celery
 
-from .engine import get_engine, safe_url
+from .engine import get_engine
 from .enums import RunState
 from .exceptions import BoundedBeatError
 from .lease import LEASE_NAME
 from .migrate import current_revision, head_revision, require_current, upgrade
+from .redact import mask_url, scrub
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
 from .settings import Settings
 from .store import utcnow
@@ -36,16 +37,22 @@ def _settings(app: Celery) -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
+def _database_error(action: str, url: str, exc: BaseException) -> click.ClickException:
+    """A one-line error naming the database (masked) and the driver's reason, never a password."""
+    if isinstance(exc, BoundedBeatError):
+        return click.ClickException(scrub(str(exc), url))
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    reason = scrub(lines[0].strip(), url) if lines else ""
+    return click.ClickException(f"{action} {mask_url(url)}: {type(exc).__name__}: {reason}")
+
+
 def _ready(app: Celery) -> None:
     settings = _settings(app)
+    url = settings.database_url
     try:
-        require_current(get_engine(settings.database_url), safe_url(settings.database_url))
-    except BoundedBeatError as exc:
-        raise click.ClickException(str(exc)) from None
+        require_current(get_engine(url), mask_url(url))
     except Exception as exc:
-        raise click.ClickException(
-            f"cannot reach the database {safe_url(settings.database_url)}: {type(exc).__name__}"
-        ) from None
+        raise _database_error("cannot use the database", url, exc) from None
 
 
 def _fmt_time(value: datetime | None) -> str:
@@ -75,21 +82,18 @@ def migrate(ctx: click.Context) -> None:
     """Create or upgrade the celery_boundedbeat tables (Alembic)."""
     app = _app(ctx)
     settings = _settings(app)
-    engine = get_engine(settings.database_url)
+    url = settings.database_url
     try:
+        engine = get_engine(url)
         before = current_revision(engine)
         upgrade(engine)
     except Exception as exc:
-        raise click.ClickException(
-            f"migration of {safe_url(settings.database_url)} failed: {type(exc).__name__}: {exc}".replace(
-                settings.database_url, safe_url(settings.database_url)
-            )
-        ) from None
+        raise _database_error("migration failed for", url, exc) from None
     head = head_revision()
     if before == head:
-        click.echo(f"{safe_url(settings.database_url)} is up to date (revision {head})")
+        click.echo(f"{mask_url(url)} is up to date (revision {head})")
     else:
-        click.echo(f"migrated {safe_url(settings.database_url)} from {before or 'empty'} to {head}")
+        click.echo(f"migrated {mask_url(url)} from {before or 'empty'} to {head}")
 
 
 @boundedbeat.command()
@@ -271,7 +275,7 @@ def dispatch(ctx: click.Context) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     click.echo(
-        f"boundedbeat dispatch {dispatcher.name}: draining {safe_url(settings.database_url)}", err=True
+        f"boundedbeat dispatch {dispatcher.name}: draining {mask_url(settings.database_url)}", err=True
     )
     loop.start()
     while not stopping["flag"] and loop.alive:

@@ -24,11 +24,6 @@ def normalize_url(url: str) -> URL:
     return parsed
 
 
-def safe_url(url: str) -> str:
-    """The URL with its password masked, for banners, logs and errors (see ``redact``)."""
-    return mask_url(url)
-
-
 def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -6,7 +6,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .engine import normalize_url, safe_url
+from .engine import normalize_url
+from .redact import mask_url
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -48,7 +49,7 @@ class Listener:
                     for channel in self._channels:
                         conn.execute(f'LISTEN "{channel}"')
                     if failures:
-                        logger.warning("celery_boundedbeat: LISTEN reconnected to %s", safe_url(self._url))
+                        logger.warning("celery_boundedbeat: LISTEN reconnected to %s", mask_url(self._url))
                     failures = 0
                     # A reconnect may have missed notifications: let everyone look once.
                     for channel in self._channels:
@@ -61,7 +62,7 @@ class Listener:
                 if failures == 1:
                     logger.warning(
                         "celery_boundedbeat: LISTEN on %s failed (%s); polling until it returns",
-                        safe_url(self._url),
+                        mask_url(self._url),
                         type(exc).__name__,
                     )
                 self._stop.wait(min(5.0, failures * 1.0))

@@ -31,9 +31,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import Celery, beat
+from sqlalchemy import Engine
 
 from .dispatch import Dispatcher
-from .engine import get_engine, safe_url
+from .engine import get_engine
 from .exceptions import BoundedBeatError, ConfigurationError
 from .faults import is_outage
 from .lease import LeaseEvent, LeaseKeeper, LeaseTurn
@@ -41,6 +42,7 @@ from .messages import clip_error
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import EntrySpec
+from .redact import mask_url, scrub
 from .runtime import BackgroundLoop, IterationRecord, IterationRecorder
 from .settings import Settings
 from .store import QUEUE_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
@@ -49,6 +51,8 @@ logger = logging.getLogger("celery_boundedbeat.beat")
 
 #: Exit status when the configuration is invalid (EX_CONFIG).
 EX_CONFIG = 78
+#: Exit status when the database cannot be reached at start (EX_UNAVAILABLE).
+EX_UNAVAILABLE = 69
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
@@ -120,16 +124,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except ConfigurationError as exc:
             logger.critical("%s", exc)
             raise SystemExit(EX_CONFIG) from None
-        engine = get_engine(settings.database_url)
-        if settings.should_auto_migrate:
-            upgrade(engine)
-        else:
-            try:
-                require_current(engine, safe_url(settings.database_url))
-            except BoundedBeatError as exc:
-                logger.critical("%s", exc)
-                raise SystemExit(EX_CONFIG) from None
-        self._store = Store(engine)
+        self._store = Store(self._prepare_database(settings.database_url, settings.should_auto_migrate))
         self._lease = LeaseKeeper(
             self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
         )
@@ -139,7 +134,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             "celery_boundedbeat: %d schedule(s) from %s; database %s",
             len(self._specs),
             "beat_schedule",
-            safe_url(settings.database_url),
+            mask_url(settings.database_url),
         )
         if settings.dispatch_enabled:
             self._dispatcher = Dispatcher(
@@ -152,6 +147,36 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL], self._on_notify
             )
             self._listener.start()
+
+    @staticmethod
+    def _prepare_database(url: str, auto_migrate: bool) -> Engine:
+        """The engine, with the schema migrated or checked; one clean line and an exit otherwise.
+
+        A bad URL or a missing migration is a configuration error (EX_CONFIG); a database that
+        cannot be reached at start is EX_UNAVAILABLE, said once with the (masked) reason
+        instead of a page of traceback per retry.
+        """
+        try:
+            engine = get_engine(url)
+            if auto_migrate:
+                upgrade(engine)
+            else:
+                require_current(engine, mask_url(url))
+        except BoundedBeatError as exc:
+            logger.critical("%s", scrub(str(exc), url))
+            raise SystemExit(EX_CONFIG) from None
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            logger.critical(
+                "celery_boundedbeat: cannot reach the database %s: %s: %s",
+                mask_url(url),
+                type(exc).__name__,
+                scrub(lines[0], url) if lines else "",
+            )
+            raise SystemExit(EX_UNAVAILABLE) from None
+        return engine
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == QUEUE_CHANNEL:
@@ -394,7 +419,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         settings = self.settings
         lines = [
-            f"database -> {safe_url(settings.database_url)}",
+            f"database -> {mask_url(settings.database_url)}",
             ". dispatcher -> "
             + ("in beat" if settings.dispatch_enabled else "external (boundedbeat dispatch)"),
             f". entries -> {len(self.app.conf.beat_schedule or {})}",

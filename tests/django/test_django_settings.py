@@ -16,10 +16,11 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from celery_boundedbeat.engine import get_engine, safe_url
+from celery_boundedbeat.engine import get_engine
 from celery_boundedbeat.entries import build_specs
 from celery_boundedbeat.enums import Mode
 from celery_boundedbeat.exceptions import ConfigurationError
+from celery_boundedbeat.redact import mask_url
 from celery_boundedbeat.settings import DEFAULT_DATABASE_URL, Settings, database_url_from_django
 
 pytestmark = pytest.mark.postgres
@@ -104,13 +105,13 @@ def test_without_a_url_the_django_default_database_is_used(bb_url: str, bb_datab
 
 
 def test_the_derived_password_is_never_shown() -> None:
-    """The password stays out of safe_url, repr(Settings) and the Settings' str."""
+    """The password stays out of mask_url, repr(Settings) and the Settings' str."""
     settings = django_celery_settings()
     assert PASSWORD in make_url(settings.database_url).password
-    for shown in (safe_url(settings.database_url), repr(settings), str(settings)):
+    for shown in (mask_url(settings.database_url), repr(settings), str(settings)):
         assert PASSWORD not in shown
         assert "p%40ss" not in shown  # nor its escaped form
-    assert "***" in safe_url(settings.database_url)
+    assert "***" in mask_url(settings.database_url)
 
 
 def test_sqlite_django_database_gives_an_absolute_sqlite_url(default_db: Any) -> None:
