@@ -80,32 +80,7 @@ class Publisher:
             else:
                 producing = self.app.producer_or_acquire()
             with producing as producer:
-                declared: set[str] = set()
-                for row in batch:
-                    if monotonic() >= deadline:
-                        expired = True
-                        break
-                    options: dict[str, Any] = dict(row.options)
-                    # Declare each destination once per batch, not once per message.
-                    route = repr(options.get("queue"))
-                    if route in declared:
-                        options.setdefault("declare", [])
-                    declared.add(route)
-                    if _NEEDS_SEND_TASK.isdisjoint(options):
-                        self._send(producer, row, options, cache)
-                    else:
-                        self.app.send_task(
-                            row.task,
-                            args=row.args,
-                            kwargs=row.kwargs,
-                            task_id=row.task_id,
-                            producer=producer,
-                            # A failed publish fails the batch; the loop's backoff retries it.
-                            retry=False,
-                            add_to_parent=False,
-                            **options,
-                        )
-                    done.append(row)
+                expired = self._publish_rows(producer, batch, cache, deadline, done)
             if publisher is not None:
                 sent = len(done)
                 done = publisher.accepted(first_tag, done, wait=True)
@@ -118,6 +93,37 @@ class Publisher:
                 publisher.close()  # the next batch starts on a fresh connection
             return done, f"{type(exc).__name__}: {exc}"
         return done, CLAIM_EXPIRED if expired else None
+
+    def _publish_rows(
+        self, producer: Any, batch: list[Claimed], cache: _BatchCache, deadline: float, done: list[Claimed]
+    ) -> bool:
+        """Publish row after row, appending each to ``done``; True when the deadline cut it short."""
+        declared: set[str] = set()
+        for row in batch:
+            if monotonic() >= deadline:
+                return True
+            options: dict[str, Any] = dict(row.options)
+            # Declare each destination once per batch, not once per message.
+            route = repr(options.get("queue"))
+            if route in declared:
+                options.setdefault("declare", [])
+            declared.add(route)
+            if _NEEDS_SEND_TASK.isdisjoint(options):
+                self._send(producer, row, options, cache)
+            else:
+                self.app.send_task(
+                    row.task,
+                    args=row.args,
+                    kwargs=row.kwargs,
+                    task_id=row.task_id,
+                    producer=producer,
+                    # A failed publish fails the batch; the loop's backoff retries it.
+                    retry=False,
+                    add_to_parent=False,
+                    **options,
+                )
+            done.append(row)
+        return False
 
     def close(self) -> None:
         """Give back the confirming connection, if one is open."""

@@ -82,41 +82,14 @@ class Settings:
         values: dict[str, Any] = {}
         defaults = cls()
         for name in cls.__dataclass_fields__:
-            key = f"boundedbeat_{name}"
-            raw = conf.get(key)
+            raw = conf.get(f"boundedbeat_{name}")
             if raw is None:
                 continue
-            default = getattr(defaults, name)
-            if name == "database_url":
-                if not isinstance(raw, str) or not raw:
-                    problems.append(("settings", key, "must be a non-empty SQLAlchemy URL string"))
-                    continue
-            elif name == "default_policy":
-                if not isinstance(raw, Mapping):
-                    problems.append(("settings", key, f"must be a dict, got {type(raw).__name__}"))
-                    continue
-            elif name in ("auto_migrate", "dispatch_enabled"):
-                if not isinstance(raw, bool):
-                    problems.append(("settings", key, f"must be True or False, got {raw!r}"))
-                    continue
-            elif isinstance(default, int) and not isinstance(default, bool):
-                if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-                    problems.append(("settings", key, f"must be an integer >= 1, got {raw!r}"))
-                    continue
+            value, problem = _check_value(name, raw, getattr(defaults, name))
+            if problem is not None:
+                problems.append(("settings", f"boundedbeat_{name}", problem))
             else:
-                if (
-                    isinstance(raw, bool)
-                    or not isinstance(raw, int | float)
-                    or not math.isfinite(raw)
-                    or raw < 0
-                ):
-                    problems.append(("settings", key, f"must be a number of seconds >= 0, got {raw!r}"))
-                    continue
-                if name in _POSITIVE and raw == 0:
-                    problems.append(("settings", key, "must be > 0 seconds, got 0"))
-                    continue
-                raw = float(raw)
-            values[name] = raw
+                values[name] = value
         ttl = values.get("lease_ttl", defaults.lease_ttl)
         renew = values.get("lease_renew_interval", defaults.lease_renew_interval)
         if not problems and renew >= ttl:
@@ -128,20 +101,7 @@ class Settings:
                 )
             )
         if "database_url" not in values and conf.get("boundedbeat_database_url") is None:
-            try:
-                django_url = django_default_database_url()
-            except ValueError as exc:
-                problems.append(
-                    (
-                        "settings",
-                        "boundedbeat_database_url",
-                        f"is not set (CELERY_BOUNDEDBEAT_DATABASE_URL in Django settings) and "
-                        f"Django's DATABASES['default'] cannot be used instead: {exc}",
-                    )
-                )
-            else:
-                if django_url is not None:
-                    values["database_url"] = django_url
+            _use_django_database(values, problems)
         if problems:
             raise ConfigurationError(problems)
         return cls(**values)
@@ -153,6 +113,47 @@ class Settings:
     @property
     def should_auto_migrate(self) -> bool:
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+
+def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
+    """One setting's value as stored, or why it is refused (the default's type decides)."""
+    if name == "database_url":
+        if not isinstance(raw, str) or not raw:
+            return None, "must be a non-empty SQLAlchemy URL string"
+    elif name == "default_policy":
+        if not isinstance(raw, Mapping):
+            return None, f"must be a dict, got {type(raw).__name__}"
+    elif name in ("auto_migrate", "dispatch_enabled"):
+        if not isinstance(raw, bool):
+            return None, f"must be True or False, got {raw!r}"
+    elif isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            return None, f"must be an integer >= 1, got {raw!r}"
+    else:
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
+            return None, f"must be a number of seconds >= 0, got {raw!r}"
+        if name in _POSITIVE and raw == 0:
+            return None, "must be > 0 seconds, got 0"
+        return float(raw), None
+    return raw, None
+
+
+def _use_django_database(values: dict[str, Any], problems: list[tuple[str, str, str]]) -> None:
+    """Without a URL of our own, a configured Django project's default database is used."""
+    try:
+        django_url = django_default_database_url()
+    except ValueError as exc:
+        problems.append(
+            (
+                "settings",
+                "boundedbeat_database_url",
+                f"is not set (CELERY_BOUNDEDBEAT_DATABASE_URL in Django settings) and "
+                f"Django's DATABASES['default'] cannot be used instead: {exc}",
+            )
+        )
+    else:
+        if django_url is not None:
+            values["database_url"] = django_url
 
 
 #: Django backends (last part of ENGINE) whose DATABASES entry can become a SQLAlchemy URL.
