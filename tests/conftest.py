@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-#: Server-level connection used to create and drop per-test databases.
-POSTGRES_ADMIN = os.environ.get(
-    "BOUNDEDBEAT_TEST_POSTGRES", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-)
-POSTGRES_URL = os.environ.get(
-    "BOUNDEDBEAT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
-)
-
-
-def _admin() -> object:
-    import psycopg
-
-    try:
-        return psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        # The suite never skips a backend: CI must fail when PostgreSQL is missing.
-        pytest.fail(f"PostgreSQL is not reachable ({POSTGRES_ADMIN}): {exc}")
+from pgtools import throwaway_database
 
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """The SQLAlchemy URL of a fresh, empty PostgreSQL database, dropped after the test."""
-    name = f"bb_test_{uuid.uuid4().hex[:16]}"
-    with _admin() as conn:  # type: ignore[attr-defined]
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield POSTGRES_URL.format(db=name)
-    finally:
-        with _admin() as conn:  # type: ignore[attr-defined]
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database("bb_test") as database:
+        yield database.url
 
 
 @pytest.fixture

@@ -7,13 +7,12 @@ must keep seeing a process without Django settings (and so the SQLite default UR
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
+from pgtools import throwaway_database
 from sqlalchemy import create_engine, delete
 
 from celery_boundedbeat.migrate import upgrade
@@ -25,8 +24,6 @@ if str(HERE) not in sys.path:
 
 from bbtest_settings import PASSWORD, django_settings  # noqa: E402
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-
 #: Saved between modules so every module sees the same configured settings object.
 _configured: dict[str, Any] = {}
 
@@ -34,21 +31,14 @@ _configured: dict[str, Any] = {}
 @pytest.fixture(scope="session")
 def bb_database() -> Iterator[str]:
     """A fresh database with Django's tables and the celery_boundedbeat schema."""
-    name = f"bb_django_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(ADMIN, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable on 127.0.0.1:5432: {exc}")
-    try:
-        engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-        upgrade(engine)
-        engine.dispose()
-        yield name
-    finally:
-        _close_django_connections()
-        with psycopg.connect(ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database("bb_django") as database:
+        try:
+            engine = create_engine(database.url)
+            upgrade(engine)
+            engine.dispose()
+            yield database.name
+        finally:
+            _close_django_connections()
 
 
 def _close_django_connections() -> None:

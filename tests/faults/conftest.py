@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from integration.harness import Backend, Harness, fresh_backend, running_harness
+from integration.backends import Backend, fresh_backend
+from integration.harness import Harness, running_harness
 
 from .support import PrivatePostgres, private_postgres
 

@@ -1,4 +1,4 @@
-"""Helpers for the fault tests, on top of ``tests/integration/harness.py`` (reused, not copied)."""
+"""Helpers for the fault tests, on top of the integration harness (reused, not copied)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pgtools
 import pytest
-from integration.harness import ACTIVE_STATES, Harness, Proc, Run
+from integration.harness import Harness
+from integration.processes import Proc
+from integration.reads import ACTIVE_STATES, Run
 
 FAILURE_STATES = ("failed", "timed_out", "revoked", "rejected", "lost")
 
@@ -321,10 +324,7 @@ class PrivatePostgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
     def create_database(self, name: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        pgtools.create_database(name, dsn=self.admin_dsn)
 
 
 def private_postgres() -> PrivatePostgres:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from integration.harness import AMQP_URL, PG_HOST, PG_PORT, Backend, Harness, new_uid, port_open
+from integration.backends import AMQP_URL, PG_HOST, PG_PORT, Backend, new_uid, port_open
+from integration.harness import Harness
 
 from .conftest import Measure
 from .support import (

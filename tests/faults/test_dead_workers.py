@@ -7,7 +7,8 @@ import signal
 import time
 
 import pytest
-from integration.harness import ACTIVE_STATES, Harness
+from integration.harness import Harness
+from integration.reads import ACTIVE_STATES
 
 from .conftest import Measure
 from .support import check_books, doubled, executions, kill9, run, started_run, stuck, task_entry, write_app

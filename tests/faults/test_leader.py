@@ -7,7 +7,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from integration.harness import Backend, Harness, Proc, Raw
+from integration.apps import Raw
+from integration.backends import Backend
+from integration.harness import Harness
+from integration.processes import Proc
 
 from .conftest import Measure
 from .support import check_books, check_grid, doubled, kill9, lease, stuck

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from integration.harness import ACTIVE_STATES, Harness, Run
+from integration.harness import Harness
+from integration.reads import ACTIVE_STATES, Run
 
 from .conftest import Measure
 from .support import check_books, notes, run, task_entry, write_app

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness import BACKENDS, Backend, Harness, fresh_backend, running_harness
+from .backends import BACKENDS, Backend, fresh_backend
+from .harness import Harness, running_harness
 
 
 @pytest.fixture(params=BACKENDS)

@@ -8,7 +8,9 @@ from datetime import datetime
 
 import pytest
 
-from .harness import ACTIVE_STATES, Harness, Raw
+from .apps import Raw
+from .harness import Harness
+from .reads import ACTIVE_STATES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

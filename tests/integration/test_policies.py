@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from .harness import ACTIVE_STATES, Harness, Run, epoch, max_concurrent
+from .harness import Harness
+from .reads import ACTIVE_STATES, Run, epoch, max_concurrent
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

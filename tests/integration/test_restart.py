@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from .harness import ACTIVE_STATES, Harness, epoch
+from .harness import Harness
+from .reads import ACTIVE_STATES, epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

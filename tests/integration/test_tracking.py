@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import ACTIVE_STATES, Harness, epoch
+from .harness import Harness
+from .reads import ACTIVE_STATES, epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
