@@ -14,7 +14,7 @@ from .exceptions import (
 )
 from .outbox import enqueue
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot
-from .tracking import install, stop_schedule
+from .receivers import install, stop_schedule
 
 __all__ = [
     "BoundedBeatError",

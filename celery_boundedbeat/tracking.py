@@ -1,8 +1,7 @@
-"""Worker-side run tracking through Celery signals, plus the per-process heartbeat.
+"""The worker side's write-behind of run starts and outcomes, plus the per-process heartbeat.
 
-Receivers are module-level and connected once per app by :func:`install` with a
-``dispatch_uid``. Celery swallows receiver exceptions, so every receiver logs its own
-failures loudly. A start or an outcome that cannot reach the database (an outage) is kept
+The Celery signal receivers (:mod:`.receivers`) hand each start and outcome to the process's
+:class:`Tracker`. A start or an outcome that cannot reach the database (an outage) is kept
 in order and retried by the heartbeat thread every second, so an outcome is
 never dropped while the worker process lives; the database's guarded transitions make a
 retried write that had in fact been committed a no-op.
@@ -23,30 +22,20 @@ import random
 import socket
 import threading
 import time
-import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from celery import Celery, signals
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery import Celery
 
 from .engine import get_engine
 from .enums import RunState
-from .exceptions import NotInScheduledRunError
 from .faults import is_outage
-from .messages import MAX_RUN_TIME_HEADER, RUN_HEADER, error_text
 from .runtime import OutageLog
 from .settings import Settings
 from .store import Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
-
-_trackers: weakref.WeakKeyDictionary[Celery, Tracker] = weakref.WeakKeyDictionary()
-_local = threading.local()
-
 
 #: Task ids remembered by a worker's parent process, to name the run of a pool failure.
 _KNOWN_TASKS = 4096
@@ -326,227 +315,3 @@ class Tracker:
                         self._beats.succeeded()
             except Exception:  # never let the thread die: it carries the pending outcomes
                 logger.exception("celery_boundedbeat: heartbeat loop iteration failed")
-
-
-def _tracker_for(task: Any) -> Tracker | None:
-    app = getattr(task, "app", None)
-    return _trackers.get(app) if app is not None else None
-
-
-def _run_id_of(task: Any) -> str | None:
-    request = getattr(task, "request", None)
-    if request is None:
-        return None
-    run_id = request.get(RUN_HEADER) if hasattr(request, "get") else None
-    if run_id is None:
-        headers = getattr(request, "headers", None) or {}
-        run_id = headers.get(RUN_HEADER)
-    return str(run_id) if run_id else None
-
-
-_Receiver = Callable[..., None]
-
-
-def _guard(name: str) -> Callable[[_Receiver], _Receiver]:
-    def wrap(fn: _Receiver) -> _Receiver:
-        def receiver(*args: Any, **kwargs: Any) -> None:
-            try:
-                fn(*args, **kwargs)
-            except Exception:
-                logger.exception("celery_boundedbeat: %s handler failed", name)
-
-        receiver.__name__ = fn.__name__
-        return receiver
-
-    return wrap
-
-
-@_guard("task_prerun")
-def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    task = task or sender
-    tracker = _tracker_for(task)
-    run_id = _run_id_of(task)
-    if tracker is None or run_id is None:
-        return
-    _local.run_id = run_id
-    request = task.request
-    tracker.started(run_id, request.hostname or socket.gethostname(), _time_limit(request))
-
-
-def _time_limit(request: Any) -> float | None:
-    """Seconds after its start when a run is past saving: its hard time limit, else ``max_run_time``.
-
-    The reaper settles a run still active then as ``timed_out``; until then the pool's own soft
-    limit (the task may clean up) and hard limit (prefork kills the child) have their turn.
-    """
-    limits = getattr(request, "timelimit", None) or (None, None)
-    hard = limits[0] if isinstance(limits, list | tuple) and limits else None
-    if hard:
-        return float(hard)
-    max_run_time = request.get(MAX_RUN_TIME_HEADER) if hasattr(request, "get") else None
-    return float(max_run_time) if max_run_time else None
-
-
-def _remembered_run(sender: Any, task_id: str | None) -> tuple[Tracker | None, str | None]:
-    """Tracker and run id of a task signal, also in a prefork parent (which has no task context)."""
-    tracker = _tracker_for(sender)
-    if tracker is None:
-        return None, None
-    return tracker, _run_id_of(sender) or tracker.run_of_task(task_id)
-
-
-@_guard("task_received")
-def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    app = getattr(getattr(request, "task", None), "app", None) or getattr(sender, "app", None)
-    tracker = _trackers.get(app) if app is not None else None
-    if tracker is None or request is None:
-        return
-    headers = getattr(request, "request_dict", None) or {}
-    run_id = headers.get(RUN_HEADER)
-    task_id = getattr(request, "id", None)
-    if run_id and task_id:
-        tracker.received(str(task_id), str(run_id))
-
-
-@_guard("task_success")
-def _on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
-    tracker = _tracker_for(sender)
-    run_id = _run_id_of(sender)
-    if tracker is not None and run_id is not None:
-        tracker.settle(run_id, RunState.COMPLETED)
-
-
-@_guard("task_failure")
-def _on_failure(
-    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
-) -> None:
-    # In a prefork parent (hard time limit, a child that died) the task has no request
-    # context: the run is found from the message the parent received.
-    tracker, run_id = _remembered_run(sender, task_id)
-    if tracker is None or run_id is None:
-        return
-    if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
-        tracker.settle(run_id, RunState.TIMED_OUT, error_text(exception))
-    elif isinstance(exception, WorkerLostError):
-        tracker.settle(run_id, RunState.LOST, "worker process died: " + error_text(exception))
-    else:
-        tracker.settle(run_id, RunState.FAILED, error_text(exception))
-
-
-@_guard("task_postrun")
-def _on_postrun(
-    sender: Any = None,
-    task_id: str | None = None,
-    task: Any = None,
-    state: str | None = None,
-    retval: Any = None,
-    **_: Any,
-) -> None:
-    task = task or sender
-    tracker = _tracker_for(task)
-    run_id = _run_id_of(task)
-    _local.run_id = None
-    if tracker is None or run_id is None or state in (None, "RETRY"):
-        return
-    # A safety net: success/failure handlers normally settled it already (then a no-op).
-    if state == "SUCCESS":
-        tracker.settle(run_id, RunState.COMPLETED)
-    elif state == "FAILURE":
-        tracker.settle(
-            run_id, RunState.FAILED, error_text(retval if isinstance(retval, BaseException) else None)
-        )
-    elif state == "REVOKED":
-        tracker.settle(run_id, RunState.REVOKED, "revoked")
-    else:
-        tracker.settle(run_id, RunState.FAILED, f"ended in state {state}")
-
-
-@_guard("task_revoked")
-def _on_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, expired: bool = False, **_: Any
-) -> None:
-    tracker = _tracker_for(sender)
-    if tracker is None or request is None:
-        return
-    headers = getattr(request, "request_dict", None) or {}
-    # The task id is the run id; a task that is not ours finds no active run (a no-op).
-    run_id = headers.get(RUN_HEADER) or getattr(request, "id", None)
-    if run_id is None:
-        return
-    if expired:
-        tracker.settle(str(run_id), RunState.REJECTED, "expired before it started")
-    else:
-        tracker.settle(str(run_id), RunState.REVOKED, "terminated" if terminated else "revoked")
-
-
-@_guard("task_rejected")
-def _on_rejected(sender: Any = None, message: Any = None, exc: BaseException | None = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    tracker = _trackers.get(app) if app is not None else None
-    headers = getattr(message, "headers", None) or {}
-    run_id = headers.get(RUN_HEADER)
-    if tracker is not None and run_id:
-        # The worker refused the message (unknown task, bad payload): it will never run.
-        tracker.settle(str(run_id), RunState.REJECTED, error_text(exc) if exc else "rejected by the worker")
-
-
-@_guard("task_unknown")
-def _on_unknown(sender: Any = None, message: Any = None, name: str | None = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    tracker = _trackers.get(app) if app is not None else None
-    headers = getattr(message, "headers", None) or {}
-    run_id = headers.get(RUN_HEADER)
-    if tracker is not None and run_id:
-        # No task of that name is registered in this worker: the message was dropped.
-        tracker.unknown_task(str(run_id), str(name or headers.get("task") or "?"))
-
-
-@_guard("task_internal_error")
-def _on_internal_error(
-    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
-) -> None:
-    tracker = _tracker_for(sender)
-    run_id = _run_id_of(sender)
-    if tracker is not None and run_id is not None:
-        tracker.settle(run_id, RunState.FAILED, "internal error: " + error_text(exception))
-
-
-@_guard("worker_shutdown")
-def _on_shutdown(**_: Any) -> None:
-    for tracker in list(_trackers.values()):
-        tracker.shutdown()
-
-
-_RECEIVERS: list[tuple[Any, Any]] = [
-    (signals.task_received, _on_received),
-    (signals.task_prerun, _on_prerun),
-    (signals.task_success, _on_success),
-    (signals.task_failure, _on_failure),
-    (signals.task_postrun, _on_postrun),
-    (signals.task_revoked, _on_revoked),
-    (signals.task_rejected, _on_rejected),
-    (signals.task_unknown, _on_unknown),
-    (signals.task_internal_error, _on_internal_error),
-    (signals.worker_process_shutdown, _on_shutdown),
-    (signals.worker_shutdown, _on_shutdown),
-]
-
-
-def install(app: Celery) -> None:
-    """Connect run tracking for ``app`` in every process that imports it (idempotent)."""
-    if app not in _trackers:
-        _trackers[app] = Tracker(app)
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, weak=False, dispatch_uid=f"celery_boundedbeat.{receiver.__name__}")
-
-
-def stop_schedule() -> None:
-    """End the current run's schedule after this run finishes (persisted; ``resume`` lifts it)."""
-    run_id = getattr(_local, "run_id", None)
-    if run_id is None:
-        raise NotInScheduledRunError(
-            "stop_schedule() must be called inside a task run emitted by celery_boundedbeat "
-            "(is celery_boundedbeat.install(app) called in the worker's app module?)"
-        )
-    for tracker in list(_trackers.values()):
-        tracker.request_stop(run_id)

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "celery",
         "Celery glue: entries, publishing, the dispatcher, worker signals, reports",
-        ("entries", "publish", "dispatch", "tracking", "reports", "outbox"),
+        ("entries", "publish", "dispatch", "tracking", "receivers", "reports", "outbox"),
     ),
     ("beat", "the celery.beat contract and housekeeping", ("scheduler",)),
     ("entry points", "what users call: CLI, public API, Django", ("cli", "__init__", "contrib")),
