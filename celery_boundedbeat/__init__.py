@@ -13,8 +13,8 @@ from .exceptions import (
     UnknownScheduleError,
 )
 from .outbox import enqueue
-from .reports import RunRecord, ScheduleSnapshot, history, snapshot
 from .receivers import install, stop_schedule
+from .reports import RunRecord, ScheduleSnapshot, history, snapshot
 
 __all__ = [
     "BoundedBeatError",

@@ -20,6 +20,7 @@ from .redact import mask_url, scrub
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
 from .settings import Settings
 from .store import utcnow
+from .ticks import TriggerRefused
 
 
 def _app(ctx: click.Context) -> Celery:
@@ -233,8 +234,15 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.argument("name")
 @click.pass_context
 def trigger(ctx: click.Context, name: str) -> None:
-    """Queue one run of NAME now, under its concurrency bound."""
-    _named(ctx, name, "triggered (runs as soon as a slot is free)", lambda st, n, now: st.trigger(n, now))
+    """Queue one run of NAME now, under its concurrency bound (refused when paused or stopped)."""
+    app = _app(ctx)
+    _ready(app)
+    result = store_for(app).trigger(name, utcnow())
+    if result is None:
+        raise click.ClickException(f"no schedule named {name!r}")
+    if isinstance(result, TriggerRefused):
+        raise click.ClickException(f"{name}: not triggered: {result.reason}")
+    click.echo(f"{name}: triggered for {result.isoformat()} (runs as soon as a slot is free)")
 
 
 @boundedbeat.command()

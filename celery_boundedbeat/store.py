@@ -43,8 +43,10 @@ from .messages import clip_error, message_options
 from .policy import EntrySpec, Policy, config_hash
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
 from .ticks import (
+    Emission,
     ScheduleState,
     TickOutcome,
+    TriggerRefused,
     initial_state,
     on_config_change,
     on_due,
@@ -111,6 +113,7 @@ def _new_row(name: str, now: datetime) -> ScheduleRow:
         active_runs=0,
         pending_runs=0,
         pending=[],
+        triggers=[],
         created_at=now,
     )
 
@@ -134,6 +137,7 @@ def _state_of(row: ScheduleRow) -> ScheduleState:
     return ScheduleState(
         active_runs=row.active_runs,
         pending=tuple(datetime.fromisoformat(p) for p in (row.pending or [])),
+        triggers=tuple(datetime.fromisoformat(t) for t in (row.triggers or [])),
         grid_at=row.grid_at,
         next_due_at=row.next_due_at,
         runs=row.runs,
@@ -157,7 +161,8 @@ def _write_state(row: ScheduleRow, state: ScheduleState) -> None:
     """The state's columns only; callers decide whether this is an update to stamp."""
     row.active_runs = state.active_runs
     row.pending = [p.isoformat() for p in state.pending]
-    row.pending_runs = len(state.pending)
+    row.triggers = [t.isoformat() for t in state.triggers]
+    row.pending_runs = state.waiting_runs
     row.grid_at = state.grid_at
     row.next_due_at = state.next_due_at
     row.runs = state.runs
@@ -217,6 +222,41 @@ class Settled:
     schedule: str
     state: RunState
     elapsed_ms: int | None
+
+
+def _emission_rows(
+    spec: EntrySpec, schedule: str, emission: Emission, now: datetime, expires_after: float | None
+) -> tuple[dict[str, Any], dict[str, Any], EmittedRun]:
+    """The run row, the queue row and the log record of one emitted run (``task_id`` = run id)."""
+    run_id = str(uuid.uuid4())
+    run = {
+        "id": run_id,
+        "schedule": schedule,
+        "task": spec.task,
+        "state": RunState.QUEUED.value,
+        "scheduled_for": emission.scheduled_for,
+        "enqueued_at": now,
+        "drift_ms": emission.drift_ms,
+    }
+    queued = {
+        "run_id": run_id,
+        "task_id": run_id,
+        "task": spec.task,
+        "args": list(spec.args),
+        "kwargs": dict(spec.kwargs),
+        "options": message_options(spec.options, spec.policy, run_id, schedule, expires_after=expires_after),
+        "due_at": emission.scheduled_for,
+        "enqueued_at": now,
+        "attempts": 0,
+    }
+    emitted = EmittedRun(
+        id=run_id,
+        schedule=schedule,
+        scheduled_for=emission.scheduled_for,
+        drift_ms=emission.drift_ms,
+        overlap=emission.overlap,
+    )
+    return run, queued, emitted
 
 
 class Store:
@@ -322,42 +362,10 @@ class Store:
                 _apply_state(row, outcome.state, now)
                 result.outcomes[row.name] = outcome
                 for emission in outcome.emit:
-                    run_id = str(uuid.uuid4())
-                    run_rows.append(
-                        {
-                            "id": run_id,
-                            "schedule": row.name,
-                            "task": spec.task,
-                            "state": RunState.QUEUED.value,
-                            "scheduled_for": emission.scheduled_for,
-                            "enqueued_at": now,
-                            "drift_ms": emission.drift_ms,
-                        }
-                    )
-                    queue_rows.append(
-                        {
-                            "run_id": run_id,
-                            "task_id": run_id,
-                            "task": spec.task,
-                            "args": list(spec.args),
-                            "kwargs": dict(spec.kwargs),
-                            "options": message_options(
-                                spec.options, spec.policy, run_id, row.name, expires_after=expires_after
-                            ),
-                            "due_at": emission.scheduled_for,
-                            "enqueued_at": now,
-                            "attempts": 0,
-                        }
-                    )
-                    result.emitted.append(
-                        EmittedRun(
-                            id=run_id,
-                            schedule=row.name,
-                            scheduled_for=emission.scheduled_for,
-                            drift_ms=emission.drift_ms,
-                            overlap=emission.overlap,
-                        )
-                    )
+                    run, queued, emitted = _emission_rows(spec, row.name, emission, now, expires_after)
+                    run_rows.append(run)
+                    queue_rows.append(queued)
+                    result.emitted.append(emitted)
             s.flush()
             if run_rows:
                 s.execute(insert(RunRow), run_rows)
@@ -392,15 +400,24 @@ class Store:
             self._notify(s, SETTLED_CHANNEL, name)
             return True
 
-    def trigger(self, name: str, now: datetime) -> bool:
-        """Ask for one extra run now; beat starts it as soon as a slot is free."""
+    def trigger(self, name: str, now: datetime) -> datetime | TriggerRefused | None:
+        """Queue one extra run now, apart from the grid; beat starts it as soon as a slot is free.
+
+        Returns the run's ``scheduled_for``, the refusal (paused, stopped, too many queued:
+        :func:`~celery_boundedbeat.ticks.on_trigger` decides), or ``None`` for an unknown name.
+        The newest run's time is read so that a trigger never reuses a ``scheduled_for``.
+        """
         with self.session() as s:
             row = s.get(ScheduleRow, name, with_for_update=True)
             if row is None:
-                return False
-            _apply_state(row, on_trigger(_state_of(row), now), now)
+                return None
+            last_run_at = s.scalar(select(func.max(RunRow.scheduled_for)).where(RunRow.schedule == name))
+            decided = on_trigger(_state_of(row), now, paused=row.paused, last_run_at=last_run_at)
+            if isinstance(decided, TriggerRefused):
+                return decided
+            _apply_state(row, decided.state, now)
             self._notify(s, SETTLED_CHANNEL, name)
-            return True
+            return decided.scheduled_for
 
     # -- queue -----------------------------------------------------------------------
 
@@ -678,8 +695,12 @@ class Store:
     ) -> Settled | None:
         """``settle_run`` inside the caller's transaction (see there)."""
         allowed = [st.value for st in (expect or ACTIVE_STATES)]
+        # Locked while read: a dispatcher marking the run published between this read and the
+        # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
-            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error).where(RunRow.id == run_id)
+            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error)
+            .where(RunRow.id == run_id)
+            .with_for_update()
         ).first()
         if run is None:
             return None
@@ -804,58 +825,49 @@ class Store:
         rng: random.Random,
     ) -> list[Settled]:
         """Settle runs nobody will finish: dead workers → lost, past deadline → timed_out,
-        never started → rejected. Each goes through the guarded ``settle_run``."""
-        stale = now - timedelta(seconds=3 * heartbeat_interval)
-        with self.session() as s:
-            started = RunState.STARTED.value
-            timed_out = list(
-                s.scalars(
-                    select(RunRow.id).where(RunRow.state == started, RunRow.deadline_at < now).limit(500)
-                )
-            )
-            lost = list(
-                s.scalars(
-                    select(RunRow.id)
-                    .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
-                    .where(
-                        RunRow.state == started,
-                        RunRow.started_at < stale,
-                        or_(WorkerRow.id.is_(None), WorkerRow.heartbeat_at < stale),
-                    )
-                    .limit(500)
-                )
-            )
-            never = list(
-                s.scalars(
-                    select(RunRow.id)
-                    .where(
-                        RunRow.state == RunState.PUBLISHED.value,
-                        RunRow.published_at < now - timedelta(seconds=start_timeout),
-                    )
-                    .limit(500)
-                )
-            )
+        never started → rejected. Each goes through ``settle_run``, guarded by the state it
+        was found in (a run that settled or started meanwhile is left alone)."""
         settled: list[Settled] = []
-        for run_id in timed_out:
-            done = self.settle_run(run_id, RunState.TIMED_OUT, now=now, error="passed max_run_time", rng=rng)
-            if done:
-                settled.append(done)
-        for run_id in lost:
-            done = self.settle_run(run_id, RunState.LOST, now=now, error="worker heartbeat stopped", rng=rng)
-            if done:
-                settled.append(done)
-        for run_id in never:
-            done = self.settle_run(
-                run_id,
-                RunState.REJECTED,
-                now=now,
-                error=f"not started within boundedbeat_start_timeout ({start_timeout:g} s)",
-                rng=rng,
-                expect=[RunState.PUBLISHED],
-            )
+        for run_id, state, error, found_in in self._reapable(now, heartbeat_interval, start_timeout):
+            done = self.settle_run(run_id, state, now=now, error=error, rng=rng, expect=[found_in])
             if done:
                 settled.append(done)
         return settled
+
+    def _reapable(
+        self, now: datetime, heartbeat_interval: float, start_timeout: float
+    ) -> list[tuple[str, RunState, str, RunState]]:
+        """``(run id, verdict, error, state it was found in)`` of each run the reaper settles."""
+        stale = now - timedelta(seconds=3 * heartbeat_interval)
+        started = RunState.STARTED.value
+        with self.session() as s:
+            timed_out = s.scalars(
+                select(RunRow.id).where(RunRow.state == started, RunRow.deadline_at < now).limit(500)
+            ).all()
+            lost = s.scalars(
+                select(RunRow.id)
+                .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
+                .where(
+                    RunRow.state == started,
+                    RunRow.started_at < stale,
+                    or_(WorkerRow.id.is_(None), WorkerRow.heartbeat_at < stale),
+                )
+                .limit(500)
+            ).all()
+            never = s.scalars(
+                select(RunRow.id)
+                .where(
+                    RunRow.state == RunState.PUBLISHED.value,
+                    RunRow.published_at < now - timedelta(seconds=start_timeout),
+                )
+                .limit(500)
+            ).all()
+        not_started = f"not started within boundedbeat_start_timeout ({start_timeout:g} s)"
+        return [
+            *((r, RunState.TIMED_OUT, "passed max_run_time", RunState.STARTED) for r in timed_out),
+            *((r, RunState.LOST, "worker heartbeat stopped", RunState.STARTED) for r in lost),
+            *((r, RunState.REJECTED, not_started, RunState.PUBLISHED) for r in never),
+        ]
 
     def purge(self, older_than: datetime, batch: int = 1000) -> int:
         """Delete settled runs finished before ``older_than``, in small batches."""

@@ -9,6 +9,7 @@ every decision is tested with a fake clock (the seeds' ``start_paused`` tests po
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -18,13 +19,29 @@ from .policy import EntrySpec, Policy
 from .runtime import effective_jitter_cap
 from .timing import Timing
 
+MAX_QUEUED_TRIGGERS = 10
+"""Triggered runs one schedule keeps waiting for a slot; a trigger past this is refused.
+
+A trigger is a person or a script asking for one more run now. More than a few waiting means
+a retry loop or an impatient button rather than intent, and each one waiting is a run the
+workers still owe once the schedule's slots free. So the queue is bounded like ``max_pending``,
+but the caller hears about it (``TriggerRefused``): a trigger is never dropped silently.
+"""
+
+#: The database's time resolution: the smallest step that keeps two ``scheduled_for`` apart.
+_MICROSECOND = timedelta(microseconds=1)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleState:
     """What the scheduler remembers about one schedule between ticks (one DB row)."""
 
     active_runs: int = 0
+    #: Grid ticks that found every slot busy and wait for one, as ``missed_ticks`` allows.
     pending: tuple[datetime, ...] = ()
+    #: Triggered runs waiting for a slot, first asked first: never coalesced, skipped or counted
+    #: as grid ticks (at most :data:`MAX_QUEUED_TRIGGERS`).
+    triggers: tuple[datetime, ...] = ()
     grid_at: datetime | None = None
     next_due_at: datetime | None = None
     runs: int = 0
@@ -36,14 +53,36 @@ class ScheduleState:
     max_elapsed_ms: int | None = None
     stopped: bool = False
 
+    @property
+    def waiting_runs(self) -> int:
+        """Runs waiting for a slot: pending grid ticks and queued triggers (``pending_runs``)."""
+        return len(self.pending) + len(self.triggers)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Emission:
-    """One run to emit now, for the grid time it belongs to."""
+    """One run to emit now, for the grid time (or trigger time) it belongs to."""
 
     scheduled_for: datetime
     drift_ms: int
     overlap: bool
+    #: Asked for by ``trigger``, not a grid tick (nor a fixed-delay due time).
+    triggered: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Triggered:
+    """A trigger that was queued: the new state and the ``scheduled_for`` its run will carry."""
+
+    state: ScheduleState
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TriggerRefused:
+    """A trigger that was not queued; ``reason`` is written for whoever asked for it."""
+
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +131,7 @@ class _Due:
     now: datetime
     active: int
     pending: list[datetime]
+    triggers: list[datetime]
     overlaps: int
     skips: int
     drift: int | None
@@ -109,6 +149,7 @@ class _Due:
             now=now,
             active=state.active_runs,
             pending=list(state.pending),
+            triggers=list(state.triggers),
             overlaps=state.overlaps,
             skips=state.skips,
             drift=state.last_drift_ms,
@@ -119,24 +160,46 @@ class _Due:
     def has_slot(self) -> bool:
         return self.active < self.policy.limit
 
-    def reserve(self, scheduled_for: datetime) -> None:
+    def reserve(self, scheduled_for: datetime, *, triggered: bool = False) -> None:
         """Take a slot for a run of ``scheduled_for`` (an overlap if another is active)."""
         overlap = self.active > 0
         self.overlaps += int(overlap)
         self.active += 1
         drift_ms = _ms(self.now - scheduled_for)
-        self.emit.append(Emission(scheduled_for=scheduled_for, drift_ms=drift_ms, overlap=overlap))
+        self.emit.append(
+            Emission(scheduled_for=scheduled_for, drift_ms=drift_ms, overlap=overlap, triggered=triggered)
+        )
 
-    def start_pending(self) -> None:
-        """Pending runs take free slots, oldest first."""
+    def start_waiting(self) -> None:
+        """Waiting runs take the free slots: queued triggers first, then pending ticks, oldest first.
+
+        Triggers go first because ``trigger`` promises a run at the next free slot: behind a
+        ``catch_up`` backlog it would wait up to ``max_pending`` runs. Pending ticks lose at most
+        :data:`MAX_QUEUED_TRIGGERS` slots to them, and keep their grid time as ``scheduled_for``.
+        """
+        while self.triggers and self.has_slot():
+            self.reserve(self.triggers.pop(0), triggered=True)
         while self.pending and self.has_slot():
             self.reserve(self.pending.pop(0))
+
+    def dodge(self, is_tick: Callable[[datetime], bool]) -> None:
+        """Move a queued trigger that shares a grid tick's time 1 µs later.
+
+        ``(schedule, scheduled_for)`` is unique: a trigger made at the very microsecond of a
+        tick the beat had not handled yet would otherwise collide with that tick's run.
+        """
+        for i, at in enumerate(self.triggers):
+            taken = {*self.triggers[:i], *self.triggers[i + 1 :], *self.pending}
+            while is_tick(at) or at in taken:
+                at += _MICROSECOND
+            self.triggers[i] = at
 
     def outcome(self, state: ScheduleState) -> TickOutcome:
         new = replace(
             state,
             active_runs=self.active,
             pending=tuple(self.pending),
+            triggers=tuple(self.triggers),
             grid_at=self.grid_at,
             next_due_at=self.next_due,
             overlaps=self.overlaps,
@@ -155,8 +218,11 @@ def _due_fixed_delay(due: _Due) -> None:
         return
     if due.has_slot():
         due.drift = _ms(due.now - due.next_due)
-        # A triggered (pending) run stands in for the due one: one run, not two.
-        due.reserve(due.pending.pop(0) if due.pending else due.next_due)
+        if due.triggers:
+            # A queued trigger stands in for the due run: one run, not two.
+            due.reserve(due.triggers.pop(0), triggered=True)
+        else:
+            due.reserve(due.next_due)
         due.ticks = 1
     due.next_due = None
 
@@ -171,9 +237,10 @@ def _anchor_grid(due: _Due, timing: Timing, rng: random.Random) -> None:
 def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Random) -> None:
     """Count the grid ticks passed, start as many as slots are free, hand the rest to
     ``missed_ticks`` and move the grid past ``now`` (``fixed_rate_driver``)."""
-    # Pending runs are older than the ticks passed now: they take the free slots first.
-    due.start_pending()
     count, tick_at, next_grid = timing.passed(grid_at, due.now)
+    due.dodge(lambda at: _among_ticks(at, count, tick_at))
+    # Waiting runs were asked for before the ticks passed now: they take the free slots first.
+    due.start_waiting()
     due.ticks = count
     due.drift = _ms(due.now - grid_at)
     n_start = min(max(due.policy.limit - due.active, 0), count)
@@ -189,6 +256,12 @@ def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Rando
     due.next_due = next_grid + jitter_delay(due.policy, timing.gap(next_grid), rng)
 
 
+def _among_ticks(at: datetime, count: int, tick_at: Callable[[int], datetime]) -> bool:
+    """Whether ``at`` is one of the ``count`` ascending ticks ``tick_at`` indexes (a bisection)."""
+    i = bisect_left(range(count), at, key=tick_at)
+    return i < count and tick_at(i) == at
+
+
 def _handle_missed(due: _Due, tick_at: Callable[[int], datetime], rest: range) -> None:
     """Ticks that found every slot busy go to ``missed_ticks`` (``queue_missed_ticks``).
 
@@ -201,7 +274,8 @@ def _handle_missed(due: _Due, tick_at: Callable[[int], datetime], rest: range) -
     if due.policy.missed_ticks is MissedTicks.SKIP:
         due.skipped = missed
     elif due.policy.missed_ticks is MissedTicks.COALESCE_LATEST:
-        due.skipped = missed - 1 if not due.pending else missed
+        # The latest missed tick replaces every pending one: each tick replaced is a skip too.
+        due.skipped = missed - 1 + len(due.pending)
         due.pending = [tick_at(rest[-1])]
         due.coalesced = True
     else:
@@ -228,14 +302,15 @@ def on_due(
         _due_fixed_delay(due)
     elif due.grid_at is None:
         _anchor_grid(due, timing, rng)
+        due.dodge(lambda at: at == due.grid_at)
     elif due.grid_at <= now:
         _due_on_grid(due, due.grid_at, timing, rng)
-    due.start_pending()
+    due.start_waiting()
     if policy.mode is Mode.FIXED_DELAY and due.emit:
         due.next_due = None
     elif due.grid_at is not None and due.next_due is not None and due.next_due <= now:
-        # A due time set for pending runs (settle, trigger) must not stay in the past, or
-        # the beat would spin until the next grid tick: pending runs wait for a settle.
+        # A due time set for waiting runs (settle, trigger) must not stay in the past, or
+        # the beat would spin until the next grid tick: waiting runs wait for a settle.
         due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
     return due.outcome(state)
 
@@ -253,8 +328,9 @@ def on_settle(
 ) -> ScheduleState:
     """Free one slot exactly once and count the outcome (``ScheduledRunGuard``'s drop).
 
-    Fixed delay: the next run is due ``period`` after this finish. Otherwise pending runs
-    become due at once so they start as soon as the beat sees the freed slot.
+    Fixed delay: the next run is due ``period`` after this finish. Otherwise waiting runs
+    (pending ticks, queued triggers) become due at once so they start as soon as the beat
+    sees the freed slot.
     """
     assert outcome.terminal, outcome
     stopped = state.stopped or stop
@@ -268,9 +344,9 @@ def on_settle(
         next_due = None
     elif policy.mode is Mode.FIXED_DELAY:
         next_due = now + timedelta(seconds=gap_s) + jitter_delay(policy, gap_s, rng)
-        if state.pending:
+        if state.waiting_runs:
             next_due = now
-    elif state.pending:
+    elif state.waiting_runs:
         next_due = now if next_due is None else min(next_due, now)
     return replace(
         state,
@@ -284,14 +360,31 @@ def on_settle(
     )
 
 
-def on_trigger(state: ScheduleState, now: datetime) -> ScheduleState:
-    """Ask for one extra run now: a pending run at ``now``, due no later than ``now``.
+def on_trigger(
+    state: ScheduleState, now: datetime, *, paused: bool, last_run_at: datetime | None = None
+) -> Triggered | TriggerRefused:
+    """Queue one extra run at ``now``, apart from the grid, or say why not.
 
-    A pending run rather than an emission: the next :func:`on_due` starts it only when a
-    slot is free, so a trigger never breaks the concurrency bound.
+    The run waits in ``triggers`` rather than being emitted: the next :func:`on_due` starts it
+    at the first free slot, so a trigger never breaks the concurrency bound, and no missed tick
+    can coalesce it away. A paused or stopped schedule refuses (the run would wait silently for
+    a resume nobody planned), and so does a full queue (:data:`MAX_QUEUED_TRIGGERS`).
+    ``scheduled_for`` is ``now``, moved 1 µs past any later time already taken by a queued
+    trigger, a pending tick or the newest run (``last_run_at``): the run key is unique.
     """
+    if paused:
+        return TriggerRefused(reason="the schedule is paused; resume it first")
+    if state.stopped:
+        return TriggerRefused(reason="the schedule is stopped; resume (or, once ended, update) it first")
+    if len(state.triggers) >= MAX_QUEUED_TRIGGERS:
+        return TriggerRefused(
+            reason=f"{MAX_QUEUED_TRIGGERS} triggered runs already wait for a slot (the most a schedule "
+            "queues); try again once one has started"
+        )
+    taken = [t for t in (*state.triggers, *state.pending, last_run_at) if t is not None and t >= now]
+    at = max([now, *(t + _MICROSECOND for t in taken)])
     due = now if state.next_due_at is None else min(state.next_due_at, now)
-    return replace(state, pending=(*state.pending, now), next_due_at=due)
+    return Triggered(state=replace(state, triggers=(*state.triggers, at), next_due_at=due), scheduled_for=at)
 
 
 def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: float | None) -> ScheduleState:
@@ -300,7 +393,7 @@ def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: fl
     Fixed delay is due at once unless a run is still active (its settle sets the next due).
     An interval grid rejoins at its first tick after ``now``; a past calendar grid (no
     ``period``) is cleared and due now, so :func:`on_due` re-anchors it without emitting. A
-    future grid keeps its (jittered) due time. Pending runs make it due at once.
+    future grid keeps its (jittered) due time. Waiting runs make it due at once.
     """
     grid_at, next_due = state.grid_at, state.next_due_at
     if policy.mode is Mode.FIXED_DELAY:
@@ -314,7 +407,7 @@ def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: fl
         grid_at, next_due = None, now
     elif grid_at is not None:
         next_due = max(grid_at, next_due or grid_at)
-    if state.pending:
+    if state.waiting_runs:
         next_due = now
     return replace(state, stopped=False, grid_at=grid_at, next_due_at=next_due)
 
@@ -328,21 +421,71 @@ def on_config_change(
     old_mode: Mode,
     now: datetime,
     rng: random.Random,
+    last_run_at: datetime | None = None,
 ) -> ScheduleState:
     """Reconcile a stored schedule with its config entry at beat start.
 
-    Counters, pending runs and pause/stop survive. Only a new timing (another schedule or
-    mode) restarts the grid from ``now``, as a new entry would; a fixed-delay run still
-    active keeps the due time its settle will set. An unchanged entry whose fixed-delay run
-    was settled while no period was known gets the due time it never received.
+    Counters, queued triggers, pending runs and pause/stop survive; pending runs beyond the
+    new policy's bound become skips (:func:`_within_pending_bound`), and waiting runs that
+    now find a free slot are due at once. Only a new timing (another schedule or mode)
+    restarts the grid from ``now``, as a new entry would (:func:`_restarted`); a fixed-delay
+    run still active keeps the due time its settle will set. An unchanged entry whose
+    fixed-delay run was settled while no period was known gets the due time it never received.
     """
     if config_changed:
-        if old_schedule == spec.schedule_repr and old_mode == spec.policy.mode:
-            return state
-        fresh = initial_state(spec.policy, spec.timing, now, rng)
-        wait_for_settle = state.active_runs != 0 and spec.policy.mode is Mode.FIXED_DELAY
-        next_due = state.next_due_at if wait_for_settle else fresh.next_due_at
-        return replace(state, grid_at=fresh.grid_at, next_due_at=next_due)
+        state = _within_pending_bound(spec.policy, state)
+        if old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
+            state = _restarted(spec, state, now, rng, last_run_at)
+        if state.waiting_runs and state.active_runs < spec.policy.limit and not state.stopped:
+            state = replace(state, next_due_at=min(state.next_due_at or now, now))
+        return state
     if state.next_due_at is None and not state.stopped and state.active_runs == 0:
         return replace(state, next_due_at=initial_state(spec.policy, spec.timing, now, rng).next_due_at)
     return state
+
+
+def _restarted(
+    spec: EntrySpec, state: ScheduleState, now: datetime, rng: random.Random, last_run_at: datetime | None
+) -> ScheduleState:
+    """A new grid (or fixed-delay due time) from ``now``, after ``last_run_at`` when given.
+
+    ``last_run_at`` (the newest run's ``scheduled_for``, read by the caller) matters when the
+    change comes in the very microsecond of a run: the new grid's first tick would repeat
+    that run's time and break the unique run key.
+    """
+    fresh = initial_state(spec.policy, spec.timing, now, rng)
+    first = fresh.grid_at or fresh.next_due_at
+    if last_run_at is not None and first is not None and first <= last_run_at:
+        # Start as if the change came 1 µs after that run, ``initial_delay`` included.
+        shifted = last_run_at + _MICROSECOND - timedelta(seconds=spec.policy.initial_delay)
+        fresh = initial_state(spec.policy, spec.timing, shifted, rng)
+    wait_for_settle = state.active_runs != 0 and spec.policy.mode is Mode.FIXED_DELAY
+    next_due = state.next_due_at if wait_for_settle else fresh.next_due_at
+    return replace(state, grid_at=fresh.grid_at, next_due_at=next_due)
+
+
+def pending_bound(policy: Policy) -> int:
+    """How many missed grid ticks may wait for a slot: the ``missed_ticks`` bound."""
+    if policy.mode is Mode.FIXED_DELAY or policy.missed_ticks is MissedTicks.SKIP:
+        return 0
+    if policy.missed_ticks is MissedTicks.COALESCE_LATEST:
+        return 1
+    assert policy.max_pending is not None
+    return policy.max_pending
+
+
+def _within_pending_bound(policy: Policy, state: ScheduleState) -> ScheduleState:
+    """Drop the pending ticks a changed policy no longer allows, counting each as a skip.
+
+    Kept as ``missed_ticks`` would have kept them: ``coalesce_latest`` the latest, ``catch_up``
+    the oldest. Without this, ``skip`` (or fixed delay) would still start old ticks, a smaller
+    ``max_pending`` would stay exceeded, and ``coalesce_latest`` would later replace several
+    pending ticks at once.
+    """
+    bound = pending_bound(policy)
+    extra = len(state.pending) - bound
+    if extra <= 0:
+        return state
+    coalesce = policy.missed_ticks is MissedTicks.COALESCE_LATEST
+    kept = state.pending[extra:] if coalesce else state.pending[:bound]
+    return replace(state, pending=kept, skips=state.skips + extra)

@@ -16,6 +16,7 @@ from celery_boundedbeat.engine import get_engine
 from celery_boundedbeat.enums import RunState
 from celery_boundedbeat.policy import EntrySpec, Policy
 from celery_boundedbeat.store import Store
+from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS
 from celery_boundedbeat.timing import IntervalTiming
 
 STATUS_FIELDS = {
@@ -114,6 +115,36 @@ def test_pause_resume_and_trigger_change_the_schedule(app: Celery, store: Store)
     row = store.schedules(["report"])[0]
     assert row.pending_runs == 1
     assert row.next_due_at is not None and row.next_due_at <= datetime.now(UTC)
+
+
+def test_trigger_says_when_the_run_is_scheduled_for(app: Celery, store: Store) -> None:
+    """`trigger` prints the queued run's scheduled_for and exits 0."""
+    result = run(app, "trigger", "report")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("report: triggered for 20")
+    assert "runs as soon as a slot is free" in result.output
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (("pause", "report"), "report: not triggered: the schedule is paused; resume it first"),
+        (("trigger", "report"), f"report: not triggered: {MAX_QUEUED_TRIGGERS} triggered runs already wait"),
+    ],
+)
+def test_a_refused_trigger_prints_why_and_exits_non_zero(
+    app: Celery, store: Store, setup: tuple[str, str], message: str
+) -> None:
+    """`trigger` on a paused schedule, or past the bound of queued triggers, says why and exits non-zero."""
+    repeat = MAX_QUEUED_TRIGGERS if setup[0] == "trigger" else 1
+    for _ in range(repeat):
+        assert run(app, *setup).exit_code == 0
+    waiting = store.schedules(["report"])[0].pending_runs
+    result = run(app, "trigger", "report")
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert store.schedules(["report"])[0].pending_runs == waiting
 
 
 def test_purge_deletes_only_old_settled_runs(app: Celery, store: Store) -> None:

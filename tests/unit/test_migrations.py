@@ -8,6 +8,7 @@ import sys
 import textwrap
 import venv
 import zipfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, MetaData, Table, insert, inspect, select, text
 
 from celery_boundedbeat.exceptions import DatabaseNotMigratedError
 from celery_boundedbeat.migrate import (
@@ -25,7 +26,9 @@ from celery_boundedbeat.migrate import (
     require_current,
     upgrade,
 )
+from celery_boundedbeat.policy import Policy
 from celery_boundedbeat.schema import VERSION_TABLE, metadata
+from celery_boundedbeat.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -206,3 +209,41 @@ def test_the_model_comparison_would_notice_a_drift(engine: Engine) -> None:
         )
         diff = compare_metadata(context, drifted)
     assert [(d[0], d[3].name) for d in diff] == [("add_column", "priority")]
+
+
+def _downgrade(engine: Engine, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
+def test_queued_triggers_survive_the_0003_upgrade_and_downgrade(engine: Engine) -> None:
+    """0003 gives old rows an empty trigger queue, keeping pending ticks; its downgrade keeps the triggers."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    upgrade(engine, "0002")
+    old = Table("boundedbeat_schedules", MetaData(), autoload_with=engine)
+    assert "triggers" not in old.c
+    counters = dict.fromkeys(("runs", "skips", "overlaps", "failures", "pending_runs"), 0)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(old).values(
+                name="old", task="proj.old", mode="fixed_rate_no_overlap", policy=Policy().to_json(),
+                schedule="every 10s", period=10.0, args=[], kwargs={}, options={}, origin="config",
+                config_hash="", paused=False, stopped=False, active_runs=1, pending=[t0.isoformat()],
+                grid_at=t0 + timedelta(seconds=10), next_due_at=t0 + timedelta(seconds=10),
+                created_at=t0, updated_at=t0, **{**counters, "pending_runs": 1},
+            )
+        )  # fmt: skip
+    upgrade(engine)
+    store = Store(engine)
+    (row,) = store.schedules(["old"])
+    assert (row.pending, row.triggers, row.pending_runs) == ([t0.isoformat()], [], 1)
+    assert store.trigger("old", t0 + timedelta(seconds=5)) == t0 + timedelta(seconds=5)
+    (row,) = store.schedules(["old"])
+    assert (row.triggers, row.pending_runs) == ([(t0 + timedelta(seconds=5)).isoformat()], 2)
+    _downgrade(engine, "0002")
+    with engine.connect() as conn:
+        pending = conn.execute(select(old.c.pending).where(old.c.name == "old")).scalar_one()
+    assert pending == [t0.isoformat(), (t0 + timedelta(seconds=5)).isoformat()]

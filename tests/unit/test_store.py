@@ -20,6 +20,7 @@ from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import EntrySpec
 from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.store import Store
+from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS, TriggerRefused
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)
@@ -636,7 +637,7 @@ def test_trigger_runs_once_under_the_concurrency_bound(store: Store) -> None:
     """A trigger queues one run now; while the only slot is busy it waits, then runs once."""
     entries = setup(store, spec("a", schedule=60))
     first = emit_one(store, entries)
-    assert store.trigger("a", T0 + sec(5)) is True
+    assert store.trigger("a", T0 + sec(5)) == T0 + sec(5)
     assert store.tick(entries, T0 + sec(5), RNG, 100).emitted == []
     assert row(store, "a").pending_runs == 1
     assert row(store, "a").next_due_at > T0 + sec(5)  # type: ignore[operator]
@@ -645,7 +646,64 @@ def test_trigger_runs_once_under_the_concurrency_bound(store: Store) -> None:
     assert [e.scheduled_for for e in emitted] == [T0 + sec(5)]
     assert row(store, "a").pending_runs == 0
     assert row(store, "a").next_due_at == T0 + sec(60)
-    assert store.trigger("nope", T0) is False
+    assert store.trigger("nope", T0) is None
+
+
+def test_a_queued_trigger_is_stored_apart_and_outlives_coalesced_ticks(store: Store) -> None:
+    """A trigger waits in its own column while missed ticks coalesce, then runs at its trigger time."""
+    entries = setup(store, spec("c", schedule=10, policy={"missed_ticks": "coalesce_latest"}))
+    first = emit_one(store, entries)
+    assert store.trigger("c", T0 + sec(1)) == T0 + sec(1)
+    for k in (1, 2, 3):
+        assert store.tick(entries, T0 + sec(10 * k), RNG, 100).emitted == []
+    c = row(store, "c")
+    assert (c.triggers, c.pending, c.pending_runs, c.skips) == (
+        [(T0 + sec(1)).isoformat()],
+        [(T0 + sec(30)).isoformat()],
+        2,
+        2,
+    )
+    store.settle_run(first, RunState.COMPLETED, now=T0 + sec(31))
+    assert [e.scheduled_for for e in store.tick(entries, T0 + sec(31), RNG, 100).emitted] == [T0 + sec(1)]
+    assert (row(store, "c").triggers, row(store, "c").pending_runs) == ([], 1)
+
+
+@pytest.mark.parametrize("how", ["paused", "stopped", "full"])
+def test_a_refused_trigger_changes_nothing(store: Store, how: str) -> None:
+    """A trigger on a paused or stopped schedule, or past the bound, is refused with a reason, unstored."""
+    entries = setup(store, spec("a", schedule=60))
+    first = emit_one(store, entries)
+    if how == "paused":
+        store.set_paused("a", True, T0 + sec(1))
+    elif how == "stopped":
+        store.settle_run(first, RunState.COMPLETED, now=T0 + sec(1), stop=True)
+    else:
+        for _ in range(MAX_QUEUED_TRIGGERS):
+            store.trigger("a", T0 + sec(1))
+    before = row(store, "a")
+    refused = store.trigger("a", T0 + sec(2))
+    assert isinstance(refused, TriggerRefused)
+    assert (how if how != "full" else "already wait") in refused.reason
+    after = row(store, "a")
+    assert (after.triggers, after.pending_runs, after.updated_at) == (
+        before.triggers,
+        before.pending_runs,
+        before.updated_at,
+    )
+
+
+def test_a_trigger_never_reuses_the_time_of_a_run_or_another_trigger(store: Store) -> None:
+    """Triggers in the microsecond of an emitted run, or of each other, get the next free microsecond."""
+    us = timedelta(microseconds=1)
+    entries = setup(store, spec("f", schedule=10, policy={"mode": "fixed_rate", "max_concurrency": 3}))
+    emit_one(store, entries)  # the tick at T0, emitted at T0
+    assert store.trigger("f", T0) == T0 + us
+    assert store.trigger("f", T0) == T0 + 2 * us
+    emitted = store.tick(entries, T0, RNG, 100).emitted
+    assert sorted(e.scheduled_for for e in emitted) == [T0 + us, T0 + 2 * us]
+    assert store.trigger("f", T0) is not None  # all three slots busy: it waits
+    assert row(store, "f").triggers == [(T0 + 3 * us).isoformat()]
+    assert count(store, RunRow, RunRow.schedule == "f") == 3
 
 
 def test_trigger_on_an_idle_fixed_delay_schedule_runs_once(store: Store) -> None:

@@ -12,8 +12,11 @@ import pytest
 from celery_boundedbeat.enums import Mode, RunState
 from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
 from celery_boundedbeat.ticks import (
+    MAX_QUEUED_TRIGGERS,
     Emission,
     ScheduleState,
+    Triggered,
+    TriggerRefused,
     initial_state,
     jitter_delay,
     on_config_change,
@@ -51,6 +54,7 @@ class Beat:
     active: list[Emission] = field(default_factory=list)
     emitted: list[Emission] = field(default_factory=list)
     max_active: int = 0
+    paused: bool = False
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -100,9 +104,17 @@ class Beat:
         assert self.state.active_runs == len(self.active)
         return run
 
-    def trigger(self) -> None:
-        """What ``Store.trigger`` does to the state: one pending run, due now."""
-        self.state = on_trigger(self.state, self.now)
+    def trigger(self) -> Triggered | TriggerRefused:
+        """What ``Store.trigger`` does to the state: one queued trigger due now, or a refusal."""
+        newest = max((e.scheduled_for for e in self.emitted), default=None)
+        decided = on_trigger(self.state, self.now, paused=self.paused, last_run_at=newest)
+        if isinstance(decided, Triggered):
+            self.state = decided.state
+        return decided
+
+    def ticks_accounted(self) -> int:
+        """Grid runs emitted + skips + pending ticks: every grid tick passed is exactly one of them."""
+        return sum(not e.triggered for e in self.emitted) + self.state.skips + len(self.state.pending)
 
 
 # -- fixed delay ---------------------------------------------------------------------------
@@ -331,7 +343,7 @@ def test_a_trigger_while_busy_does_not_leave_the_schedule_due_in_the_past() -> N
     beat.advance(5)
     beat.trigger()
     assert beat.look() == []
-    assert beat.state.pending == (T0 + sec(5),)
+    assert beat.state.triggers == (T0 + sec(5),)
     assert beat.state.next_due_at is not None and beat.state.next_due_at > beat.now
     beat.advance(1)
     beat.finish()
@@ -347,7 +359,7 @@ def test_a_trigger_on_an_idle_fixed_delay_schedule_runs_once() -> None:
     beat.advance(9)
     beat.trigger()
     assert [e.scheduled_for for e in beat.look()] == [T0 + sec(10)]
-    assert beat.state.pending == ()
+    assert beat.state.triggers == ()
     beat.advance(1)
     beat.finish()
     assert beat.state.next_due_at == T0 + sec(71)
@@ -522,14 +534,176 @@ def test_a_rate_schedule_without_a_grid_anchors_on_the_next_tick_without_emittin
 # -- trigger ---------------------------------------------------------------------------------
 
 
-def test_a_trigger_adds_one_pending_run_and_never_delays_an_earlier_due_time() -> None:
-    """A trigger appends a pending run at now and makes the schedule due now, or keeps an earlier due time."""
+def test_a_trigger_queues_one_run_apart_and_never_delays_an_earlier_due_time() -> None:
+    """A trigger queues a run at now apart from pending ticks, due now or at an earlier due time."""
     state = ScheduleState(pending=(T0,), grid_at=T0 + sec(60), next_due_at=T0 + sec(60))
-    new = on_trigger(state, T0 + sec(5))
-    assert new.pending == (T0, T0 + sec(5))
-    assert (new.grid_at, new.next_due_at) == (T0 + sec(60), T0 + sec(5))
-    assert on_trigger(replace(state, next_due_at=T0 + sec(1)), T0 + sec(5)).next_due_at == T0 + sec(1)
-    assert on_trigger(ScheduleState(), T0).next_due_at == T0
+    new = on_trigger(state, T0 + sec(5), paused=False)
+    assert isinstance(new, Triggered)
+    assert new.scheduled_for == T0 + sec(5)
+    assert (new.state.pending, new.state.triggers) == ((T0,), (T0 + sec(5),))
+    assert new.state.waiting_runs == 2
+    assert (new.state.grid_at, new.state.next_due_at) == (T0 + sec(60), T0 + sec(5))
+    earlier = on_trigger(replace(state, next_due_at=T0 + sec(1)), T0 + sec(5), paused=False)
+    assert isinstance(earlier, Triggered) and earlier.state.next_due_at == T0 + sec(1)
+    idle = on_trigger(ScheduleState(), T0, paused=False)
+    assert isinstance(idle, Triggered) and idle.state.next_due_at == T0
+
+
+def test_a_trigger_on_a_busy_coalescing_schedule_survives_missed_ticks() -> None:
+    """Missed ticks on a busy coalesce_latest schedule never replace a queued trigger, and each is counted."""
+    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=1)
+    beat.look()
+    beat.advance(0.5)
+    assert isinstance(beat.trigger(), Triggered)
+    assert beat.step(1, 5) == []  # five grid ticks find the slot busy
+    assert beat.state.triggers == (T0 + sec(0.5),)
+    assert beat.state.pending == (T0 + sec(5),)
+    assert (beat.state.skips, beat.state.waiting_runs) == (4, 2)
+    assert beat.ticks_accounted() == 6
+    beat.finish()
+    started = beat.look()
+    assert [(e.scheduled_for, e.triggered) for e in started] == [(T0 + sec(0.5), True)]
+    assert started[0].drift_ms == 5000  # waited from the trigger to the free slot
+    beat.finish()
+    assert [e.scheduled_for for e in beat.look()] == [T0 + sec(5)]
+    assert beat.ticks_accounted() == 6
+    assert beat.max_active == 1
+
+
+def test_queued_triggers_go_before_pending_ticks_and_leave_them_their_room() -> None:
+    """Triggers take the next free slot before catch_up's pending ticks, and do not use up max_pending."""
+    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
+    beat.look()
+    beat.advance(0.25)
+    beat.trigger()
+    beat.trigger()
+    beat.step(1, 3)  # ticks at 1, 2 and 3 find the slot busy
+    assert beat.state.pending == (T0 + sec(1), T0 + sec(2))
+    assert beat.state.triggers == (T0 + sec(0.25), T0 + sec(0.25) + timedelta(microseconds=1))
+    assert beat.state.skips == 1
+    order = []
+    for _ in range(4):
+        beat.finish()
+        order.extend((e.scheduled_for, e.triggered) for e in beat.look())
+    assert order == [
+        (T0 + sec(0.25), True),
+        (T0 + sec(0.25) + timedelta(microseconds=1), True),
+        (T0 + sec(1), False),
+        (T0 + sec(2), False),
+    ]
+    assert beat.ticks_accounted() == 4
+
+
+def test_queued_triggers_are_bounded_and_the_one_past_the_bound_is_refused() -> None:
+    """At most MAX_QUEUED_TRIGGERS wait; one more is refused with a reason, and accepted once one started."""
+    beat = Beat(parse({}), period=3600)
+    beat.look()
+    for _ in range(MAX_QUEUED_TRIGGERS):
+        assert isinstance(beat.trigger(), Triggered)
+    refused = beat.trigger()
+    assert isinstance(refused, TriggerRefused)
+    assert f"{MAX_QUEUED_TRIGGERS} triggered runs already wait" in refused.reason
+    assert len(beat.state.triggers) == MAX_QUEUED_TRIGGERS
+    beat.advance(1)
+    beat.finish()
+    assert len(beat.look()) == 1
+    assert isinstance(beat.trigger(), Triggered)
+    assert len(beat.state.triggers) == MAX_QUEUED_TRIGGERS
+
+
+@pytest.mark.parametrize(("paused", "stopped", "word"), [(True, False, "paused"), (False, True, "stopped")])
+def test_a_trigger_on_a_paused_or_stopped_schedule_is_refused(paused: bool, stopped: bool, word: str) -> None:
+    """A paused or stopped schedule refuses a trigger with a reason, not a run that waits silently."""
+    state = ScheduleState(grid_at=T0 + sec(60), next_due_at=T0 + sec(60), stopped=stopped)
+    refused = on_trigger(state, T0, paused=paused)
+    assert isinstance(refused, TriggerRefused)
+    assert word in refused.reason and "resume" in refused.reason
+
+
+def test_a_triggered_run_is_scheduled_for_the_trigger_time() -> None:
+    """An idle grid schedule runs a trigger at once, with the trigger time as scheduled_for, off the grid."""
+    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 2}), period=10)
+    beat.look()
+    beat.finish()
+    beat.advance(3.5)
+    decided = beat.trigger()
+    assert isinstance(decided, Triggered) and decided.scheduled_for == T0 + sec(3.5)
+    assert [(e.scheduled_for, e.triggered, e.drift_ms) for e in beat.look()] == [(T0 + sec(3.5), True, 0)]
+    assert beat.state.next_due_at == T0 + sec(10)  # the grid is untouched
+    assert beat.state.skips == 0
+
+
+def test_triggers_in_one_microsecond_get_distinct_times() -> None:
+    """Two triggers at the same instant, or one at the time of a run or pending tick, are moved 1 µs apart."""
+    us = timedelta(microseconds=1)
+    state = ScheduleState(active_runs=1, pending=(T0,), grid_at=T0 + sec(1), next_due_at=T0 + sec(1))
+    first = on_trigger(state, T0, paused=False)
+    assert isinstance(first, Triggered) and first.scheduled_for == T0 + us  # T0 is the pending tick
+    second = on_trigger(first.state, T0, paused=False)
+    assert isinstance(second, Triggered) and second.scheduled_for == T0 + 2 * us
+    after_a_run = on_trigger(ScheduleState(), T0 + sec(5), paused=False, last_run_at=T0 + sec(5))
+    assert isinstance(after_a_run, Triggered) and after_a_run.scheduled_for == T0 + sec(5) + us
+    older_run = on_trigger(ScheduleState(), T0 + sec(5), paused=False, last_run_at=T0)
+    assert isinstance(older_run, Triggered) and older_run.scheduled_for == T0 + sec(5)
+
+
+def test_a_trigger_at_the_time_of_a_tick_not_handled_yet_does_not_share_its_time() -> None:
+    """A trigger made at the exact time of an overdue grid tick runs 1 µs later, beside that tick's run."""
+    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
+    beat.look()
+    beat.finish()
+    beat.now = T0 + sec(20)  # the beat is late: ticks at 10 and 20 are due, not handled yet
+    beat.trigger()
+    started = sorted((e.scheduled_for, e.triggered) for e in beat.look())
+    assert started == [(T0 + sec(10), False), (T0 + sec(20), False), (T0 + sec(20.000001), True)]
+
+
+def test_a_trigger_on_a_calendar_grid_being_anchored_does_not_share_the_anchor_tick() -> None:
+    """A resumed calendar schedule anchored on a tick at now runs a trigger made at now 1 µs after it."""
+    now = T0 + sec(120)
+    state = on_resume(
+        parse({}, schedule_kind="crontab"), ScheduleState(grid_at=T0, next_due_at=T0), now, period=None
+    )
+    decided = on_trigger(state, now, paused=False)
+    assert isinstance(decided, Triggered)
+    outcome = on_due(parse({}), CalendarTiming(every_minute), decided.state, now, random.Random(0))
+    assert [e.scheduled_for for e in outcome.emit] == [now + timedelta(microseconds=1)]
+    assert outcome.state.grid_at == now
+
+
+def test_a_coalesce_that_replaces_several_pending_ticks_counts_each_as_a_skip() -> None:
+    """A row holding two pending ticks (written before the bound was enforced) loses both to one skip each."""
+    state = ScheduleState(
+        active_runs=1, pending=(T0 + sec(1), T0 + sec(2)), grid_at=T0 + sec(3), next_due_at=T0 + sec(3)
+    )
+    outcome = on_due(
+        parse({"missed_ticks": "coalesce_latest"}), IntervalTiming(1), state, T0 + sec(4), random.Random(0)
+    )
+    assert outcome.state.pending == (T0 + sec(4),)
+    assert outcome.skipped == outcome.state.skips == 3  # ticks 1 and 2 replaced, tick 3 coalesced
+
+
+@pytest.mark.parametrize(
+    ("raw", "kept", "skips"),
+    [
+        ({"missed_ticks": "catch_up", "max_pending": 3}, (1, 2, 3), 0),
+        ({"missed_ticks": "catch_up", "max_pending": 2}, (1, 2), 1),
+        ({"missed_ticks": "coalesce_latest"}, (3,), 2),
+        ({}, (), 3),
+        ({"mode": "fixed_delay"}, (), 3),
+    ],
+)
+def test_a_changed_policy_drops_the_pending_ticks_past_its_bound_as_skips(
+    raw: dict[str, Any], kept: tuple[int, ...], skips: int
+) -> None:
+    """Pending ticks past a new policy's bound are skips (catch_up keeps the oldest, coalesce the latest)."""
+    pending = (T0 + sec(1), T0 + sec(2), T0 + sec(3))
+    state = ScheduleState(
+        active_runs=1, pending=pending, triggers=(T0,), grid_at=T0 + sec(4), next_due_at=T0 + sec(4)
+    )
+    new = reconcile(spec_of(raw), state)
+    assert new.pending == tuple(T0 + sec(k) for k in kept)
+    assert (new.skips, new.triggers) == (skips, (T0,))
 
 
 # -- resume ----------------------------------------------------------------------------------
@@ -602,14 +776,15 @@ def test_a_resumed_grid_still_ahead_keeps_its_due_time_but_never_before_the_grid
     ("raw", "state"),
     [
         ({}, ScheduleState(active_runs=1, pending=(T0,), grid_at=T0 + sec(60), next_due_at=T0 + sec(60))),
-        ({"mode": "fixed_delay"}, ScheduleState(active_runs=1, pending=(T0,))),
+        ({}, ScheduleState(active_runs=1, triggers=(T0,), grid_at=T0 + sec(60), next_due_at=T0 + sec(60))),
+        ({"mode": "fixed_delay"}, ScheduleState(active_runs=1, triggers=(T0,))),
     ],
 )
-def test_pending_runs_make_a_resumed_schedule_due_now(raw: dict[str, Any], state: ScheduleState) -> None:
-    """A resumed schedule with pending runs is due at once in any mode, so they start when a slot frees."""
+def test_waiting_runs_make_a_resumed_schedule_due_now(raw: dict[str, Any], state: ScheduleState) -> None:
+    """A resumed schedule with pending ticks or queued triggers is due at once, so a free slot starts them."""
     new = on_resume(parse(raw), state, T0 + sec(30), period=10)
     assert new.next_due_at == T0 + sec(30)
-    assert new.pending == state.pending
+    assert (new.pending, new.triggers) == (state.pending, state.triggers)
 
 
 # -- config changes at beat start --------------------------------------------------------------
@@ -660,10 +835,53 @@ def test_a_changed_entry_with_the_same_timing_keeps_its_grid() -> None:
 
 
 def test_a_new_schedule_restarts_the_grid_from_now_and_keeps_the_counters() -> None:
-    """Another schedule restarts the grid after initial_delay from now; counters and pending runs stay."""
-    state = ScheduleState(grid_at=T0 + sec(5), next_due_at=T0 + sec(5), runs=3, skips=2, pending=(T0,))
-    new = reconcile(spec_of({"initial_delay": 2}), state, old_schedule="every 5s")
+    """Another schedule restarts the grid after initial_delay from now; counters and waiting runs stay."""
+    state = ScheduleState(
+        active_runs=1, grid_at=T0 + sec(5), next_due_at=T0 + sec(5), runs=3, skips=2, pending=(T0,)
+    )
+    new = reconcile(
+        spec_of({"initial_delay": 2, "missed_ticks": "coalesce_latest"}), state, old_schedule="every 5s"
+    )
     assert new == replace(state, grid_at=T0 + sec(102), next_due_at=T0 + sec(102))
+
+
+def test_a_trigger_queued_before_a_restart_is_due_at_once_when_a_slot_is_free() -> None:
+    """A restarted grid with initial_delay does not hold back a queued trigger while a slot is free."""
+    decided = on_trigger(ScheduleState(grid_at=T0 + sec(10), next_due_at=T0 + sec(10)), T0, paused=False)
+    assert isinstance(decided, Triggered)
+    new = reconcile(spec_of({"initial_delay": 1.5}, period=2.5), decided.state, now=T0)
+    assert (new.grid_at, new.next_due_at, new.triggers) == (T0 + sec(1.5), T0, (T0,))
+    outcome = on_due(parse({"initial_delay": 1.5}), IntervalTiming(2.5), new, T0, random.Random(0))
+    assert [(e.scheduled_for, e.triggered) for e in outcome.emit] == [(T0, True)]
+
+
+def test_a_more_concurrent_policy_starts_waiting_runs_at_once() -> None:
+    """Raising max_concurrency makes pending ticks due now instead of at the next grid tick."""
+    state = ScheduleState(
+        active_runs=1, pending=(T0 + sec(1),), grid_at=T0 + sec(20), next_due_at=T0 + sec(20)
+    )
+    raw = {"mode": "fixed_rate", "max_concurrency": 2, "missed_ticks": "coalesce_latest"}
+    assert reconcile(spec_of(raw), state, old_mode=Mode.FIXED_RATE, now=T0 + sec(15)).next_due_at == T0 + sec(
+        15
+    )
+
+
+def test_a_grid_restarted_in_the_microsecond_of_a_run_starts_just_after_it() -> None:
+    """A new timing applied at the very time of the newest run starts its grid 1 µs later, not on that run."""
+    state = ScheduleState(active_runs=1, grid_at=T0 + sec(110), next_due_at=T0 + sec(110))
+    new = on_config_change(
+        spec_of({"mode": "fixed_rate", "max_concurrency": 2}),
+        state,
+        config_changed=True,
+        old_schedule="every 10s",
+        old_mode=Mode.FIXED_RATE_NO_OVERLAP,
+        now=T0 + sec(100),
+        rng=random.Random(0),
+        last_run_at=T0 + sec(100),
+    )
+    assert new.grid_at == new.next_due_at == T0 + sec(100) + timedelta(microseconds=1)
+    older = reconcile(spec_of({"mode": "fixed_rate", "max_concurrency": 2}), state, now=T0 + sec(100))
+    assert older.grid_at == T0 + sec(100)  # no run at that time: the grid starts at now
 
 
 def test_a_new_mode_restarts_the_grid_from_now() -> None:

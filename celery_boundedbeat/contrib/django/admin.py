@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 
 from ...exceptions import BoundedBeatError
 from ...store import Store
+from ...ticks import TriggerRefused
 from .conf import admin_database, store
 from .models import Run, Schedule
 
@@ -124,9 +125,13 @@ class ScheduleAdmin(ReadOnlyAdmin):
         request: HttpRequest,
         queryset: QuerySet[Any],
         done: str,
-        change: Callable[[Store, str, datetime], bool],
+        change: Callable[[Store, str, datetime], object],
     ) -> None:
-        """Apply ``change`` to each selected schedule, one transaction and one message each."""
+        """Apply ``change`` to each selected schedule, one transaction and one message each.
+
+        ``change`` returns something falsy for a schedule no longer in the database, or a
+        :class:`~celery_boundedbeat.ticks.TriggerRefused` saying why nothing was done.
+        """
         try:
             target = store()
         except BoundedBeatError as exc:
@@ -142,7 +147,11 @@ class ScheduleAdmin(ReadOnlyAdmin):
                     request, f"Schedule {name!r} was not changed: {type(exc).__name__}", messages.ERROR
                 )
                 continue
-            if found:
+            if isinstance(found, TriggerRefused):
+                self.message_user(
+                    request, f"Schedule {name!r} was not triggered: {found.reason}.", messages.WARNING
+                )
+            elif found:
                 self.log_change(request, schedule, f"Schedule {done} from the admin.")
                 self.message_user(request, f"Schedule {name!r} {done}.", messages.SUCCESS)
             else:
