@@ -5,6 +5,8 @@ Each test gets its own module (unique module, queue and database), written by
 values are rendered as Python source (``Raw`` keeps a piece verbatim, e.g. ``crontab(...)``).
 The module's one task, ``work``, sleeps a chosen time and records its own wall-clock start
 and end in a JSON-lines file, so overlap can be checked independently of the package's tables.
+With ``fail_escaped=True`` its ``fail`` message is decoded from backslash escapes in the
+worker (``"\\x00"``, ``"\\udce9"``): an exception text no database stores as it is.
 """
 
 from __future__ import annotations
@@ -85,8 +87,11 @@ def _starts(name):
 
 
 @app.task(bind=True)
-def work(self, name, durations=(0.1,), cycle=False, fail=None, stop_on=None):
+def work(self, name, durations=(0.1,), cycle=False, fail=None, stop_on=None, fail_escaped=False):
     """Sleep a chosen time, recording start and end; optionally fail or stop the schedule."""
+    if fail is not None and fail_escaped:
+        # Backslash escapes decoded here: the message and the schedule row carry only ASCII.
+        fail = fail.encode("ascii").decode("unicode_escape")
     n = _starts(name)
     base = dict(name=name, id=self.request.id, n=n, pid=os.getpid(), thread=threading.get_ident())
     _record(event="start", t=time.time(), **base)
