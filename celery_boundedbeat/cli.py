@@ -14,6 +14,7 @@ from celery import Celery
 from .engine import get_engine
 from .enums import RunState
 from .exceptions import BoundedBeatError
+from .health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
 from .lease import LEASE_NAME
 from .migrate import current_revision, head_revision, require_current, upgrade
 from .redact import mask_url, scrub
@@ -293,3 +294,41 @@ def dispatch(ctx: click.Context) -> None:
         listener.stop()
     click.echo(f"boundedbeat dispatch stopped; published {dispatcher.published_total} message(s)", err=True)
     sys.exit(0 if ok else 1)
+
+
+# -- health probe (issue #12): the decision lives in health.py ---------------------------
+
+
+@boundedbeat.command()
+@click.option(
+    "--max-tick-age",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_MAX_TICK_AGE,
+    show_default=True,
+    help="Seconds since the lease holder's last tick before the probe fails.",
+)
+@click.option(
+    "--max-queue-age",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MAX_QUEUE_AGE,
+    show_default=True,
+    help="Seconds the oldest queued message may be overdue (0: do not check the queue).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of one line.")
+@click.pass_context
+def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_json: bool) -> None:
+    """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why."""
+    app = _app(ctx)
+    try:
+        settings = Settings.from_conf(app.conf)
+    except BoundedBeatError as exc:
+        click.echo(f"unhealthy: {' '.join(str(exc).split())}")
+        ctx.exit(1)
+    bounds = Bounds(max_tick_age=max_tick_age, max_queue_age=max_queue_age or None)
+    refusal = bound_refusal(bounds, settings.lease_renew_interval)
+    if refusal is not None:
+        click.echo(f"unhealthy: {refusal}")
+        ctx.exit(1)
+    verdict = probe(settings.database_url, utcnow(), bounds)
+    click.echo(json.dumps(verdict.to_json()) if as_json else verdict.message)
+    ctx.exit(0 if verdict.healthy else 1)

@@ -118,3 +118,14 @@ def scrub(text: str, *urls: str | Sequence[str] | None) -> str:
         for secret in secrets_of(url):
             text = text.replace(secret, MASK)
     return text
+
+
+def driver_reason(exc: BaseException, *urls: str | Sequence[str] | None) -> str:
+    """``Type: first line`` of a database error, scrubbed of ``urls``: why, without a page of text.
+
+    SQLAlchemy wraps the driver's exception (``exc.orig``), whose first line is the reason a
+    person needs ("connection refused"); the rest is SQL and a link to SQLAlchemy's docs.
+    """
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    reason = scrub(lines[0].strip(), *urls) if lines else ""
+    return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__

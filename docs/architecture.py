@@ -29,7 +29,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "SQLAlchemy and Alembic: transactions, no Celery",
         ("schema", "faults", "engine", "migrate", "store", "notify"),
     ),
-    ("coordination", "the beat lease over the store", ("lease",)),
+    (
+        "coordination",
+        "the beat lease over the store; the health probe and the metrics that read it",
+        ("lease", "health"),
+    ),
     (
         "celery",
         "Celery glue: entries, publishing, the dispatcher, worker signals, reports",
