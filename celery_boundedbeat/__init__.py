@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .enums import MissedTicks, Mode, RunState
+from .enums import MissedTicks, Mode, RunState, StopReason
 from .exceptions import (
     BoundedBeatError,
     ConfigurationError,
     DatabaseNotMigratedError,
     NotInScheduledRunError,
+    ScheduleEndedError,
     UnknownScheduleError,
 )
 from .outbox import enqueue
 from .receivers import install, stop_schedule
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot
+from .schedules import add_schedule, remove_schedule, update_schedule
 
 __all__ = [
     "BoundedBeatError",
@@ -25,14 +27,19 @@ __all__ = [
     "NotInScheduledRunError",
     "RunRecord",
     "RunState",
+    "ScheduleEndedError",
     "ScheduleSnapshot",
     "Scheduler",
+    "StopReason",
     "UnknownScheduleError",
+    "add_schedule",
     "enqueue",
     "history",
     "install",
+    "remove_schedule",
     "snapshot",
     "stop_schedule",
+    "update_schedule",
 ]
 
 

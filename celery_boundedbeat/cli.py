@@ -13,7 +13,7 @@ from celery import Celery
 
 from .engine import get_engine
 from .enums import RunState
-from .exceptions import BoundedBeatError
+from .exceptions import BoundedBeatError, ScheduleEndedError
 from .health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
 from .lease import LEASE_NAME
 from .migrate import current_revision, head_revision, require_current, upgrade
@@ -116,6 +116,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         _table(
             [
                 "NAME",
+                "ORIGIN",
                 "MODE",
                 "STATE",
                 "NEXT DUE (UTC)",
@@ -136,8 +137,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 def _status_row(s: ScheduleSnapshot) -> list[str]:
     state = "paused" if s.paused else "stopped" if s.stopped else "running" if s.running else "idle"
+    if s.stop_reason and (s.stopped or s.stop_reason != "stop_schedule"):
+        state += f" ({s.stop_reason})"
     return [
         s.name,
+        s.origin,
         s.mode,
         state,
         _fmt_time(s.next_due_at),
@@ -228,7 +232,10 @@ def pause(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def resume(ctx: click.Context, name: str) -> None:
     """Emit runs of NAME again (also lifts stop_schedule())."""
-    _named(ctx, name, "resumed", lambda st, n, now: st.set_paused(n, False, now))
+    try:
+        _named(ctx, name, "resumed", lambda st, n, now: st.set_paused(n, False, now))
+    except ScheduleEndedError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @boundedbeat.command()
@@ -332,3 +339,166 @@ def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_jso
     verdict = probe(settings.database_url, utcnow(), bounds)
     click.echo(json.dumps(verdict.to_json()) if as_json else verdict.message)
     ctx.exit(0 if verdict.healthy else 1)
+
+
+# -- runtime schedules (celery_boundedbeat.add_schedule / update_schedule / remove_schedule) ----
+
+
+def _json_option(value: str | None, option: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"is not valid JSON: {exc}", param_hint=option) from None
+
+
+def _crontab_option(value: str) -> Any:
+    from celery.schedules import crontab
+
+    fields = value.split()
+    if len(fields) != 5:
+        raise click.BadParameter(
+            f"needs 5 fields 'minute hour day-of-month month day-of-week', got {len(fields)}",
+            param_hint="--crontab",
+        )
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    try:
+        return crontab(
+            minute=minute,
+            hour=hour,
+            day_of_month=day_of_month,
+            month_of_year=month_of_year,
+            day_of_week=day_of_week,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not a valid crontab: {exc}", param_hint="--crontab") from None
+
+
+def _timing_option(every: float | None, cron: str | None, *, required: bool) -> Any:
+    if every is not None and cron is not None:
+        raise click.UsageError("give --every or --crontab, not both")
+    if every is None and cron is None:
+        if required:
+            raise click.UsageError("give the timing: --every SECONDS or --crontab 'm h dom mon dow'")
+        return None
+    return every if every is not None else _crontab_option(cron or "")
+
+
+def _definition_options(fn: Any) -> Any:
+    """The options ``add`` and ``update`` share (CONTRACT §5)."""
+    for decorator in reversed(
+        [
+            click.option("--every", type=float, default=None, help="Period in seconds."),
+            click.option("--crontab", "cron", default=None, help="'m h dom mon dow'"),
+            click.option("--args", "args_json", default=None, help="Positional arguments, a JSON array."),
+            click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments, a JSON object."),
+            click.option("--options", "options_json", default=None, help="Celery message options, JSON."),
+            click.option("--policy", "policy_json", default=None, help="The policy (CONTRACT §2), JSON."),
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+def _changing(action: str, app: Celery, call: Any) -> Any:
+    """Run one runtime-schedule call; its errors become one clear line and exit status 1."""
+    _ready(app)
+    try:
+        return call()
+    except BoundedBeatError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise _database_error(f"could not {action} in", _settings(app).database_url, exc) from None
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.argument("task")
+@_definition_options
+@click.pass_context
+def add(
+    ctx: click.Context,
+    name: str,
+    task: str,
+    every: float | None,
+    cron: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    policy_json: str | None,
+) -> None:
+    """Add a runtime schedule NAME running TASK; prints scheduled or already_present."""
+    from .schedules import add_schedule
+
+    app = _app(ctx)
+    timing = _timing_option(every, cron, required=True)
+    args = _json_option(args_json, "--args")
+    kwargs = _json_option(kwargs_json, "--kwargs")
+    options = _json_option(options_json, "--options")
+    policy = _json_option(policy_json, "--policy")
+    outcome = _changing(
+        "add a schedule",
+        app,
+        lambda: add_schedule(
+            app, name, task, timing, args=args or (), kwargs=kwargs, options=options, policy=policy
+        ),
+    )
+    click.echo(outcome)
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.option("--task", default=None, help="The task name.")
+@_definition_options
+@click.pass_context
+def update(
+    ctx: click.Context,
+    name: str,
+    task: str | None,
+    every: float | None,
+    cron: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    policy_json: str | None,
+) -> None:
+    """Change the given fields of runtime schedule NAME (policy keys merge over its policy)."""
+    from .schedules import update_schedule
+
+    app = _app(ctx)
+    given: dict[str, Any] = {}
+    if task is not None:
+        given["task"] = task
+    timing = _timing_option(every, cron, required=False)
+    if timing is not None:
+        given["schedule"] = timing
+    for key, raw, option in (
+        ("args", args_json, "--args"),
+        ("kwargs", kwargs_json, "--kwargs"),
+        ("options", options_json, "--options"),
+        ("policy", policy_json, "--policy"),
+    ):
+        if raw is not None:
+            given[key] = _json_option(raw, option)
+    if not given:
+        raise click.UsageError("nothing to change: give at least one of --task, --every, --crontab, ...")
+    _changing("update a schedule", app, lambda: update_schedule(app, name, **given))
+    click.echo(f"{name}: updated")
+
+
+@boundedbeat.command()
+@click.argument("name")
+@click.option("--revoke-active", is_flag=True, help="Terminate its active runs (settled revoked).")
+@click.pass_context
+def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
+    """Remove runtime schedule NAME (its run history stays)."""
+    from .schedules import remove_schedule
+
+    app = _app(ctx)
+    removed = _changing(
+        "remove a schedule", app, lambda: remove_schedule(app, name, revoke_active=revoke_active)
+    )
+    if not removed:
+        raise click.ClickException(f"no schedule named {name!r}")
+    click.echo(f"{name}: removed")

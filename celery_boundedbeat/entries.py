@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from celery import Celery
@@ -25,9 +25,10 @@ logger = logging.getLogger("celery_boundedbeat.beat")
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
 
 
-def _crontab_next(cron: crontab) -> Any:
+def _crontab_next(cron: crontab, tz: tzinfo | None = None) -> Any:
     def next_after(t: datetime) -> datetime:
-        start, delta, _now = cron.remaining_delta(t.astimezone(cron.tz))
+        zone = tz or cron.tz
+        start, delta, _now = cron.remaining_delta(t.astimezone(zone), tz=zone)
         nxt: datetime = start + delta
         return datetime.fromtimestamp(nxt.timestamp(), UTC)
 
@@ -43,8 +44,13 @@ def _solar_next(sol: solar) -> Any:
     return next_after
 
 
-def timing_for(entry: str, value: Any) -> tuple[Timing | None, str, str, float | None, list[Problem]]:
-    """The grid of a Celery schedule value: (timing, kind, repr, period seconds, problems)."""
+def timing_for(
+    entry: str, value: Any, tz: tzinfo | None = None
+) -> tuple[Timing | None, str, str, float | None, list[Problem]]:
+    """The grid of a Celery schedule value: (timing, kind, repr, period seconds, problems).
+
+    ``tz`` is the zone a crontab keeps wall-clock time in (default: the app's ``timezone``).
+    """
     if isinstance(value, bool):
         return (
             None,
@@ -59,7 +65,7 @@ def timing_for(entry: str, value: Any) -> tuple[Timing | None, str, str, float |
     elif isinstance(value, timedelta):
         period = value.total_seconds()
     elif isinstance(value, crontab):
-        return CalendarTiming(_crontab_next(value)), "crontab", repr(value), None, []
+        return CalendarTiming(_crontab_next(value, tz)), "crontab", repr(value), None, []
     elif isinstance(value, solar):
         return CalendarTiming(_solar_next(value)), "solar", repr(value), None, []
     elif isinstance(value, schedule):
@@ -92,7 +98,7 @@ def _json_problem(entry: str, key: str, value: Any) -> Problem | None:
 
 
 def parse_entry(
-    name: str, raw: Any, default_policy: Mapping[str, Any]
+    name: str, raw: Any, default_policy: Mapping[str, Any], *, tz: tzinfo | None = None
 ) -> tuple[EntrySpec | None, list[Problem]]:
     """Validate one entry; returns the spec or every problem found in it."""
     if not isinstance(raw, Mapping):
@@ -107,7 +113,7 @@ def parse_entry(
         problems.append((name, "schedule", "is required"))
         timing, kind, srepr, period = None, "interval", "", None
     else:
-        timing, kind, srepr, period, found = timing_for(name, raw["schedule"])
+        timing, kind, srepr, period, found = timing_for(name, raw["schedule"], tz)
         problems.extend(found)
     args = raw.get("args") or ()
     if not isinstance(args, list | tuple):
@@ -167,9 +173,14 @@ def celery_default_entries(app: Celery) -> dict[str, Any]:
     }
 
 
+def configured_entries(app: Celery) -> dict[str, Any]:
+    """The raw ``beat_schedule`` entries, Celery's own defaults included (config schedules)."""
+    return {**celery_default_entries(app), **(app.conf.beat_schedule or {})}
+
+
 def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, EntrySpec]:
     """Every configured entry, validated; raises :class:`ConfigurationError` listing all problems."""
-    entries = {**celery_default_entries(app), **(app.conf.beat_schedule or {})}
+    entries = configured_entries(app)
     problems: list[Problem] = []
     _, default_problems = parse_policy("boundedbeat_default_policy", {}, default_policy)
     problems.extend(default_problems)

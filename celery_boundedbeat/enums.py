@@ -62,3 +62,19 @@ class RunState(StrEnum):
 
 _ACTIVE = frozenset({RunState.QUEUED, RunState.PUBLISHED, RunState.STARTED})
 ACTIVE_STATES: frozenset[RunState] = _ACTIVE
+
+
+class StopReason(StrEnum):
+    """Why a schedule shows ``stopped`` (``stop_reason`` in ``status``)."""
+
+    #: A run called ``stop_schedule()``; ``resume`` lifts it.
+    STOP_SCHEDULE = "stop_schedule"
+    #: Its ``end_at`` passed; only ``update_schedule`` with a later end revives it.
+    END_AT = "end_at"
+    #: It emitted ``max_runs`` grid runs; only ``update_schedule`` with a higher bound revives it.
+    MAX_RUNS = "max_runs"
+
+    @property
+    def ended(self) -> bool:
+        """Whether the schedule reached the end its policy gave it (``resume`` refuses it)."""
+        return self is not StopReason.STOP_SCHEDULE

@@ -37,3 +37,11 @@ class UnknownScheduleError(BoundedBeatError):
 
 class NotInScheduledRunError(BoundedBeatError):
     """``stop_schedule()`` was called outside a run emitted by celery_boundedbeat."""
+
+
+class ScheduleEndedError(BoundedBeatError):
+    """``resume`` was asked of a schedule its ``end_at`` or ``max_runs`` ended."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        super().__init__(f"cannot resume {name!r}: {reason}")

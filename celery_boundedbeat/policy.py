@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -27,6 +27,8 @@ POLICY_KEYS = frozenset(
         "initial_delay",
         "max_run_time",
         "jitter",
+        "end_at",
+        "max_runs",
     }
 )
 
@@ -46,6 +48,10 @@ class Policy:
     initial_delay: float = 0.0
     max_run_time: float | None = None
     jitter: float | None = None
+    #: No grid run scheduled after this instant is emitted (aware UTC).
+    end_at: datetime | None = None
+    #: At most this many runs from the grid (triggers do not count).
+    max_runs: int | None = None
 
     @property
     def limit(self) -> int:
@@ -65,6 +71,8 @@ class Policy:
             "initial_delay": self.initial_delay,
             "max_run_time": self.max_run_time,
             "jitter": self.jitter,
+            "end_at": None if self.end_at is None else self.end_at.isoformat(),
+            "max_runs": self.max_runs,
         }
 
     @classmethod
@@ -78,7 +86,14 @@ class Policy:
             initial_delay=float(data.get("initial_delay") or 0.0),
             max_run_time=data.get("max_run_time"),
             jitter=data.get("jitter"),
+            end_at=None if data.get("end_at") is None else datetime.fromisoformat(data["end_at"]),
+            max_runs=data.get("max_runs"),
         )
+
+    @property
+    def ends(self) -> bool:
+        """Whether the schedule has an end (``end_at`` or ``max_runs``)."""
+        return self.end_at is not None or self.max_runs is not None
 
 
 def _seconds(value: Any) -> float | None:
@@ -127,6 +142,25 @@ class _Reader:
             self.problem(f"policy.{key}", f"must be >= 1, got {value}")
             return None
         return value
+
+    def instant(self, key: str) -> datetime | None:
+        """An aware datetime, or an ISO 8601 string with a UTC offset (``end_at``)."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                self.problem(f"policy.{key}", f"must be an ISO 8601 time with a UTC offset, got {value!r}")
+                return None
+        if not isinstance(value, datetime):
+            self.problem(f"policy.{key}", f"must be an aware datetime or ISO 8601 string, got {value!r}")
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            self.problem(f"policy.{key}", f"must carry a time zone (an aware datetime), got {value!r}")
+            return None
+        return value.astimezone(UTC)
 
     def duration(self, key: str, *, allow_zero: bool) -> float | None:
         """Seconds from a number or a timedelta, finite and not negative."""
@@ -204,6 +238,8 @@ def parse_policy(
     initial_delay = read.duration("initial_delay", allow_zero=True) or 0.0
     max_run_time = read.duration("max_run_time", allow_zero=False)
     jitter = read.duration("jitter", allow_zero=True)
+    end_at = read.instant("end_at")
+    max_runs = read.positive_int("max_runs")
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
@@ -217,6 +253,8 @@ def parse_policy(
         initial_delay=initial_delay,
         max_run_time=max_run_time,
         jitter=jitter,
+        end_at=end_at,
+        max_runs=max_runs,
     )
     return policy, []
 
@@ -255,3 +293,24 @@ def config_hash(spec: EntrySpec) -> str:
         default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Definition:
+    """A validated schedule and what its row stores besides: the grid as JSON and the digest.
+
+    ``timing`` is ``None`` only for specs made without a Celery app (tests of the store); a
+    beat rebuilds a schedule from its row when it has no spec of its own (``definitions``).
+    """
+
+    spec: EntrySpec
+    timing: dict[str, Any] | None
+    digest: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @classmethod
+    def of(cls, spec: EntrySpec, timing: dict[str, Any] | None = None) -> Definition:
+        return cls(spec=spec, timing=timing, digest=config_hash(spec))

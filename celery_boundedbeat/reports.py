@@ -38,6 +38,16 @@ class ScheduleSnapshot:
     next_due_at: datetime | None
     last_finished_at: datetime | None
     updated_at: datetime
+    #: ``"config"`` (``beat_schedule``) or ``"runtime"`` (added through the API or CLI).
+    origin: str
+    #: ``stop_schedule``, ``end_at`` or ``max_runs`` while stopped or ending, else ``None``.
+    stop_reason: str | None
+    #: Why the schedule paused itself (``pause_on_failure``); ``None`` when paused by hand.
+    pause_reason: str | None
+    #: Grid runs emitted so far (what ``max_runs`` bounds).
+    grid_runs: int
+    #: The definition's version: bumped by every change.
+    version: int
 
     @classmethod
     def from_row(cls, row: ScheduleRow) -> ScheduleSnapshot:
@@ -61,6 +71,11 @@ class ScheduleSnapshot:
             next_due_at=None if (row.paused or row.stopped) else row.next_due_at,
             last_finished_at=row.last_finished_at,
             updated_at=row.updated_at,
+            origin=row.origin,
+            stop_reason=row.stop_reason,
+            pause_reason=row.pause_reason,
+            grid_runs=row.grid_runs or 0,
+            version=row.version or 1,
         )
 
     def to_json(self) -> dict[str, Any]:

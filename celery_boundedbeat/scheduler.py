@@ -33,6 +33,7 @@ from typing import Any
 from celery import Celery, beat
 from sqlalchemy import Engine
 
+from .definitions import Resolver, config_definitions
 from .dispatch import Dispatcher
 from .engine import get_engine
 from .exceptions import BoundedBeatError, ConfigurationError
@@ -41,11 +42,11 @@ from .lease import LeaseEvent, LeaseKeeper, LeaseTurn
 from .messages import clip_error
 from .migrate import require_current, upgrade
 from .notify import Listener
-from .policy import EntrySpec
+from .policy import Definition
 from .redact import mask_url, scrub
 from .runtime import BackgroundLoop, IterationRecord, IterationRecorder
 from .settings import Settings
-from .store import QUEUE_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
+from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
@@ -69,7 +70,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._settings: Settings | None = None
         self._store: Store | None = None
         self._lease: LeaseKeeper | None = None
-        self._specs: dict[str, EntrySpec] = {}
+        #: This beat's ``beat_schedule`` entries (reconciled when it takes the lease).
+        self._config: dict[str, Definition] = {}
+        #: Every due row's schedule, rebuilt from its row when it changed (runtime ones too).
+        self._resolver: Resolver | None = None
         self._rng = random.Random()
         self._wake = threading.Event()
         self._dispatch_loop: BackgroundLoop | None = None
@@ -109,6 +113,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         return self._store
 
     @property
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
+        return self._resolver
+
+    @property
     def lease(self) -> LeaseKeeper:
         if self._lease is None:
             raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
@@ -118,12 +128,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Validate every entry, prepare the database, reconcile schedules, start helpers."""
         settings = self.settings
         try:
-            from .entries import build_specs
-
-            self._specs = build_specs(self.app, settings.default_policy)
+            self._config = config_definitions(self.app, settings.default_policy)
         except ConfigurationError as exc:
             logger.critical("%s", exc)
             raise SystemExit(EX_CONFIG) from None
+        self._resolver = Resolver(self.app, self._config)
         self._store = Store(self._prepare_database(settings.database_url, settings.should_auto_migrate))
         self._lease = LeaseKeeper(
             self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
@@ -132,7 +141,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         # takes the lease (``_reconcile``): a standby never writes them.
         logger.info(
             "celery_boundedbeat: %d schedule(s) from %s; database %s",
-            len(self._specs),
+            len(self._config),
             "beat_schedule",
             mask_url(settings.database_url),
         )
@@ -144,7 +153,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._dispatch_loop.start()
         if self._store.is_postgres:
             self._listener = Listener(
-                settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL], self._on_notify
+                settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL], self._on_notify
             )
             self._listener.start()
 
@@ -183,6 +192,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
         else:
+            if channel == SCHEDULES_CHANNEL and payload and self._resolver is not None:
+                self._resolver.forget(payload)
             self._wake.set()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -218,7 +229,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return True
         now = utcnow()
         try:
-            self.store.sync_config(self._specs.values(), now, self._rng)
+            report = self.store.sync_config(self._config.values(), now, self._rng)
         except Exception as exc:
             self._failed("reconcile", exc, now)
             return False
@@ -227,15 +238,17 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         logger.info(
             "celery_boundedbeat: %s reconciled %d schedule(s) from beat_schedule",
             self.lease.holder,
-            len(self._specs),
+            len(self._config),
         )
+        for name in (*report.changed, *report.removed):
+            self.resolver.forget(name)
         return True
 
     def _emit_due(self, now: datetime) -> TickResult | None:
         """The tick proper: every due schedule in one transaction (``None`` if it failed)."""
         try:
             result = self.store.tick(
-                self._specs,
+                self.resolver,
                 now,
                 self._rng,
                 self.settings.tick_batch_size,

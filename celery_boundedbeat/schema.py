@@ -74,8 +74,21 @@ class ScheduleRow(Base):
     args: Mapped[list[Any]] = mapped_column(JSON, default=list)
     kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: ``"config"`` (``beat_schedule``, reconciled by the lease holder) or ``"runtime"`` (the API).
     origin: Mapped[str] = mapped_column(String(16), default="config")
+    #: Digest of the whole definition (task, timing, args, kwargs, options, policy).
     config_hash: Mapped[str] = mapped_column(String(64), default="")
+    #: The grid as data: ``{"kind": "interval", "every": s}``, crontab fields, or a solar event
+    #: (see :mod:`~celery_boundedbeat.definitions`); beat rebuilds the schedule from it.
+    timing: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: Bumped by every change of the definition: beat's cached copy is current while equal.
+    version: Mapped[int] = mapped_column(BigInteger, default=1)
+    #: Runs emitted from the grid (what ``max_runs`` bounds; triggers do not count).
+    grid_runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Why the schedule is stopped: ``stop_schedule``, ``end_at`` or ``max_runs``.
+    stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    #: Why the schedule paused itself (``pause_on_failure``); ``None`` when paused by hand.
+    pause_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     stopped: Mapped[bool] = mapped_column(Boolean, default=False)
     active_runs: Mapped[int] = mapped_column(Integer, default=0)

@@ -11,7 +11,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,28 +38,34 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from .catalog import Reconciled, insert_runtime, reconcile_config, runtime_row, update_runtime
 from .enums import ACTIVE_STATES, RunState
+from .exceptions import ScheduleEndedError, UnknownScheduleError
 from .messages import clip_error, message_options
-from .policy import EntrySpec, Policy, config_hash
+from .policy import Definition, EntrySpec, Policy
+from .rows import apply_state, state_of, write_state
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
 from .ticks import (
     Emission,
-    ScheduleState,
     TickOutcome,
     TriggerRefused,
-    initial_state,
-    on_config_change,
     on_due,
     on_resume,
     on_settle,
     on_trigger,
+    resume_refusal,
 )
 
 logger = logging.getLogger("celery_boundedbeat")
 
-#: PostgreSQL NOTIFY channels: a run settled (payload: schedule name); a queue row was added.
+#: PostgreSQL NOTIFY channels: a run settled (payload: schedule name); a queue row was added;
+#: a schedule's definition was added, changed or removed (payload: its name).
 SETTLED_CHANNEL = "boundedbeat_settled"
 QUEUE_CHANNEL = "boundedbeat_queue"
+SCHEDULES_CHANNEL = "boundedbeat_schedules"
+
+#: The error of an active run settled ``revoked`` by ``remove_schedule(revoke_active=True)``.
+REMOVED_WITH_REVOKE = "revoked: its schedule was removed (remove_schedule revoke_active)"
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
 #: Terminal states the beat decides without hearing from the task (reaper, dispatcher).
@@ -97,82 +103,6 @@ _PG_CLAIM = text(
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def _new_row(name: str, now: datetime) -> ScheduleRow:
-    """A configured schedule with zeroed counters; the caller writes its state and config."""
-    return ScheduleRow(
-        name=name,
-        origin="config",
-        paused=False,
-        stopped=False,
-        runs=0,
-        skips=0,
-        overlaps=0,
-        failures=0,
-        active_runs=0,
-        pending_runs=0,
-        pending=[],
-        triggers=[],
-        created_at=now,
-    )
-
-
-def _write_config(row: ScheduleRow, spec: EntrySpec, digest: str) -> None:
-    """Copy a configured entry's definition into its row: schedules are data (DESIGN.md)."""
-    row.task = spec.task
-    row.mode = spec.policy.mode.value
-    row.policy = spec.policy.to_json()
-    row.schedule = spec.schedule_repr
-    row.period = spec.period
-    row.args = list(spec.args)
-    row.kwargs = dict(spec.kwargs)
-    row.options = dict(spec.options)
-    row.config_hash = digest
-    row.origin = "config"
-
-
-def _state_of(row: ScheduleRow) -> ScheduleState:
-    """The row as the tick state machine sees it (:mod:`~celery_boundedbeat.ticks`)."""
-    return ScheduleState(
-        active_runs=row.active_runs,
-        pending=tuple(datetime.fromisoformat(p) for p in (row.pending or [])),
-        triggers=tuple(datetime.fromisoformat(t) for t in (row.triggers or [])),
-        grid_at=row.grid_at,
-        next_due_at=row.next_due_at,
-        runs=row.runs,
-        skips=row.skips,
-        overlaps=row.overlaps,
-        failures=row.failures,
-        last_drift_ms=row.last_drift_ms,
-        last_elapsed_ms=row.last_elapsed_ms,
-        max_elapsed_ms=row.max_elapsed_ms,
-        stopped=row.stopped,
-    )
-
-
-def _apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
-    """Store the state machine's answer and stamp the row as changed at ``now``."""
-    _write_state(row, state)
-    row.updated_at = now
-
-
-def _write_state(row: ScheduleRow, state: ScheduleState) -> None:
-    """The state's columns only; callers decide whether this is an update to stamp."""
-    row.active_runs = state.active_runs
-    row.pending = [p.isoformat() for p in state.pending]
-    row.triggers = [t.isoformat() for t in state.triggers]
-    row.pending_runs = state.waiting_runs
-    row.grid_at = state.grid_at
-    row.next_due_at = state.next_due_at
-    row.runs = state.runs
-    row.skips = state.skips
-    row.overlaps = state.overlaps
-    row.failures = state.failures
-    row.last_drift_ms = state.last_drift_ms
-    row.last_elapsed_ms = state.last_elapsed_ms
-    row.max_elapsed_ms = state.max_elapsed_ms
-    row.stopped = state.stopped
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,53 +210,56 @@ class Store:
 
     # -- schedules -----------------------------------------------------------------
 
-    def sync_config(self, specs: Iterable[EntrySpec], now: datetime, rng: random.Random) -> None:
-        """Reconcile configured entries with their rows: add new, update changed, drop removed.
-
-        Counters, the grid and pause/stop flags of an unchanged entry survive restarts, so
-        ticks missed while beat was down are handled by the entry's policy.
-        """
-        specs = list(specs)
-        names = {s.name for s in specs}
+    def sync_config(
+        self, definitions: Iterable[EntrySpec | Definition], now: datetime, rng: random.Random
+    ) -> Reconciled:
+        """Reconcile ``beat_schedule`` with the config rows (:func:`~.catalog.reconcile_config`)."""
+        wanted = [d if isinstance(d, Definition) else Definition.of(d) for d in definitions]
         with self.session() as s:
-            rows = (
-                {r.name: r for r in s.scalars(select(ScheduleRow).where(ScheduleRow.name.in_(names)))}
-                if names
-                else {}
-            )
-            for spec in specs:
-                digest = config_hash(spec)
-                row = rows.get(spec.name)
-                if row is None:
-                    row = _new_row(spec.name, now)
-                    s.add(row)
-                    _apply_state(row, initial_state(spec.policy, spec.timing, now, rng), now)
-                else:
-                    changed = row.config_hash != digest
-                    new = on_config_change(
-                        spec,
-                        _state_of(row),
-                        config_changed=changed,
-                        old_schedule=row.schedule,
-                        old_mode=Policy.from_json(row.policy).mode,
-                        now=now,
-                        rng=rng,
-                    )
-                    _write_state(row, new)
-                    if changed:
-                        row.updated_at = now
-                _write_config(row, spec, digest)
-            stale = select(ScheduleRow.name).where(ScheduleRow.origin == "config")
-            if names:
-                stale = stale.where(ScheduleRow.name.not_in(names))
-            gone = list(s.scalars(stale))
-            if gone:
-                s.execute(delete(ScheduleRow).where(ScheduleRow.name.in_(gone)))
-                logger.info("celery_boundedbeat: removed schedules no longer configured: %s", ", ".join(gone))
+            return reconcile_config(s, wanted, now, rng)
+
+    def add_schedule(self, definition: Definition, now: datetime, rng: random.Random) -> bool:
+        """Add a runtime schedule; False (nothing changed) when the name exists already."""
+        with self.session() as s:
+            added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
+            if added:
+                self._notify(s, SCHEDULES_CHANNEL, definition.name)
+            return added
+
+    def update_schedule(
+        self, name: str, revise: Callable[[ScheduleRow], Definition], now: datetime, rng: random.Random
+    ) -> None:
+        """Change a runtime schedule to ``revise(row)``'s definition (:func:`~.catalog.update_runtime`)."""
+        with self.session() as s:
+            if update_runtime(s, name, revise, now, rng):
+                self._notify(s, SCHEDULES_CHANNEL, name)
+
+    def remove_schedule(self, name: str, now: datetime, *, revoke_active: bool) -> list[str] | None:
+        """Delete a runtime schedule (its runs stay); ``None`` when there is none of that name.
+
+        With ``revoke_active`` its active runs settle ``revoked`` in the same transaction and
+        their ids are returned, for the caller to revoke at the workers once this commits.
+        """
+        with self.session() as s:
+            try:
+                runtime_row(s, name)
+            except UnknownScheduleError:
+                return None
+            revoked: list[str] = []
+            if revoke_active:
+                active = s.scalars(
+                    select(RunRow.id).where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+                ).all()
+                for run_id in active:
+                    if self._settle(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
+                        revoked.append(run_id)
+            s.execute(delete(ScheduleRow).where(ScheduleRow.name == name))
+            self._notify(s, SCHEDULES_CHANNEL, name)
+            return revoked
 
     def tick(
         self,
-        specs: Mapping[str, EntrySpec],
+        specs: Mapping[str, EntrySpec] | Callable[[ScheduleRow], EntrySpec | None],
         now: datetime,
         rng: random.Random,
         limit: int,
@@ -335,9 +268,12 @@ class Store:
     ) -> TickResult:
         """Handle every due schedule in one transaction: reserve slots, write runs and queue rows.
 
+        ``specs`` gives each due row's schedule: a beat passes a resolver that rebuilds a
+        schedule from its row when its cached copy is older than the row's ``version``.
         ``expires_after`` (seconds after publishing) makes a message nobody started in time
         expire at the worker instead of running late after its run was settled ``rejected``.
         """
+        resolve = specs if callable(specs) else (lambda row: specs.get(row.name))
         result = TickResult()
         with self.session() as s:
             query = (
@@ -354,12 +290,12 @@ class Store:
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
             for row in s.scalars(query):
-                spec = specs.get(row.name)
+                spec = resolve(row)
                 if spec is None:
                     # Not ours to emit (a schedule this beat has no definition for).
                     continue
-                outcome = on_due(spec.policy, spec.timing, _state_of(row), now, rng)
-                _apply_state(row, outcome.state, now)
+                outcome = on_due(spec.policy, spec.timing, state_of(row), now, rng)
+                apply_state(row, outcome.state, now)
                 result.outcomes[row.name] = outcome
                 for emission in outcome.emit:
                     run, queued, emitted = _emission_rows(spec, row.name, emission, now, expires_after)
@@ -392,10 +328,14 @@ class Store:
             row = s.get(ScheduleRow, name, with_for_update=True)
             if row is None:
                 return False
-            row.paused = paused
             if not paused:
+                refused = resume_refusal(state_of(row))
+                if refused is not None:
+                    raise ScheduleEndedError(name, refused)
                 policy = Policy.from_json(row.policy)
-                _write_state(row, on_resume(policy, _state_of(row), now, period=row.period))
+                write_state(row, on_resume(policy, state_of(row), now, period=row.period))
+                row.pause_reason = None
+            row.paused = paused
             row.updated_at = now
             self._notify(s, SETTLED_CHANNEL, name)
             return True
@@ -412,10 +352,10 @@ class Store:
             if row is None:
                 return None
             last_run_at = s.scalar(select(func.max(RunRow.scheduled_for)).where(RunRow.schedule == name))
-            decided = on_trigger(_state_of(row), now, paused=row.paused, last_run_at=last_run_at)
+            decided = on_trigger(state_of(row), now, paused=row.paused, last_run_at=last_run_at)
             if isinstance(decided, TriggerRefused):
                 return decided
-            _apply_state(row, decided.state, now)
+            apply_state(row, decided.state, now)
             self._notify(s, SETTLED_CHANNEL, name)
             return decided.scheduled_for
 
@@ -739,7 +679,7 @@ class Store:
             return
         new = on_settle(
             Policy.from_json(row.policy),
-            _state_of(row),
+            state_of(row),
             outcome=outcome,
             elapsed_ms=elapsed,
             now=now,
@@ -747,7 +687,7 @@ class Store:
             gap_s=row.period or 0.0,
             rng=rng,
         )
-        _apply_state(row, new, now)
+        apply_state(row, new, now)
         row.last_finished_at = now
         self._notify(s, SETTLED_CHANNEL, schedule)
 

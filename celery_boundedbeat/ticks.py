@@ -9,12 +9,12 @@ every decision is tested with a fake clock (the seeds' ``start_paused`` tests po
 from __future__ import annotations
 
 import random
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from .enums import MissedTicks, Mode, RunState
+from .enums import MissedTicks, Mode, RunState, StopReason
 from .policy import EntrySpec, Policy
 from .runtime import effective_jitter_cap
 from .timing import Timing
@@ -52,6 +52,16 @@ class ScheduleState:
     last_elapsed_ms: int | None = None
     max_elapsed_ms: int | None = None
     stopped: bool = False
+    #: Runs emitted from the grid (or fixed-delay due times), the count ``max_runs`` bounds.
+    grid_runs: int = 0
+    #: Why the schedule stops or stopped: ``stop_schedule()``, or the end its policy gave it.
+    #: An ended schedule emits no more grid runs and shows ``stopped`` once nothing is active.
+    stop_reason: StopReason | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the policy's ``end_at`` or ``max_runs`` ended the schedule."""
+        return self.stop_reason is not None and self.stop_reason.ended
 
     @property
     def waiting_runs(self) -> int:
@@ -137,6 +147,7 @@ class _Due:
     drift: int | None
     grid_at: datetime | None
     next_due: datetime | None
+    grid_runs: int = 0
     emit: list[Emission] = field(default_factory=list)
     skipped: int = 0
     coalesced: bool = False
@@ -155,16 +166,24 @@ class _Due:
             drift=state.last_drift_ms,
             grid_at=state.grid_at,
             next_due=state.next_due_at,
+            grid_runs=state.grid_runs,
         )
 
     def has_slot(self) -> bool:
         return self.active < self.policy.limit
+
+    def grid_room(self) -> int:
+        """Grid runs ``max_runs`` still allows (triggers never count)."""
+        if self.policy.max_runs is None:
+            return 1 << 62
+        return max(self.policy.max_runs - self.grid_runs, 0)
 
     def reserve(self, scheduled_for: datetime, *, triggered: bool = False) -> None:
         """Take a slot for a run of ``scheduled_for`` (an overlap if another is active)."""
         overlap = self.active > 0
         self.overlaps += int(overlap)
         self.active += 1
+        self.grid_runs += int(not triggered)
         drift_ms = _ms(self.now - scheduled_for)
         self.emit.append(
             Emission(scheduled_for=scheduled_for, drift_ms=drift_ms, overlap=overlap, triggered=triggered)
@@ -179,7 +198,7 @@ class _Due:
         """
         while self.triggers and self.has_slot():
             self.reserve(self.triggers.pop(0), triggered=True)
-        while self.pending and self.has_slot():
+        while self.pending and self.has_slot() and self.grid_room():
             self.reserve(self.pending.pop(0))
 
     def dodge(self, is_tick: Callable[[datetime], bool]) -> None:
@@ -205,6 +224,7 @@ class _Due:
             overlaps=self.overlaps,
             skips=self.skips,
             last_drift_ms=self.drift,
+            grid_runs=self.grid_runs,
         )
         emit = tuple(self.emit)
         return TickOutcome(
@@ -216,7 +236,7 @@ def _due_fixed_delay(due: _Due) -> None:
     """One run when due and a slot is free; either way wait for a settle to set the next."""
     if due.next_due is None or due.next_due > due.now:
         return
-    if due.has_slot():
+    if due.has_slot() and (due.triggers or due.grid_room()):
         due.drift = _ms(due.now - due.next_due)
         if due.triggers:
             # A queued trigger stands in for the due run: one run, not two.
@@ -239,11 +259,14 @@ def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Rando
     ``missed_ticks`` and move the grid past ``now`` (``fixed_rate_driver``)."""
     count, tick_at, next_grid = timing.passed(grid_at, due.now)
     due.dodge(lambda at: _among_ticks(at, count, tick_at))
+    if due.policy.end_at is not None:
+        # Ticks after the end are not the schedule's any more: neither run nor skipped.
+        count = bisect_right(range(count), due.policy.end_at, key=tick_at)
     # Waiting runs were asked for before the ticks passed now: they take the free slots first.
     due.start_waiting()
     due.ticks = count
     due.drift = _ms(due.now - grid_at)
-    n_start = min(max(due.policy.limit - due.active, 0), count)
+    n_start = min(max(due.policy.limit - due.active, 0), count, due.grid_room())
     if due.policy.missed_ticks is MissedTicks.CATCH_UP:
         started, rest = range(n_start), range(n_start, count)
     else:
@@ -295,8 +318,11 @@ def on_due(
     slots are free, the rest go to ``missed_ticks``; the grid advances past ``now``. Then
     pending runs start while slots are free. Fixed delay: one run, then wait for its finish.
     """
-    if state.stopped:
+    if state.stopped or state.ended:
         return TickOutcome(state=replace(state, next_due_at=None))
+    if not state.triggers and _end_reason(policy, state) is not None:
+        # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
+        return _ended_if_over(policy, TickOutcome(state=state))
     due = _Due.of(policy, state, now)
     if policy.mode is Mode.FIXED_DELAY:
         _due_fixed_delay(due)
@@ -312,7 +338,46 @@ def on_due(
         # A due time set for waiting runs (settle, trigger) must not stay in the past, or
         # the beat would spin until the next grid tick: waiting runs wait for a settle.
         due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
-    return due.outcome(state)
+    return _ended_if_over(policy, due.outcome(state))
+
+
+def _end_reason(policy: Policy, state: ScheduleState) -> StopReason | None:
+    """The end a schedule has reached: ``max_runs`` emitted, or its next due time past ``end_at``."""
+    if policy.max_runs is not None and state.grid_runs >= policy.max_runs:
+        return StopReason.MAX_RUNS
+    upcoming = state.grid_at if state.grid_at is not None else state.next_due_at
+    if policy.end_at is not None and upcoming is not None and upcoming > policy.end_at:
+        return StopReason.END_AT
+    return None
+
+
+def _ended_if_over(policy: Policy, outcome: TickOutcome) -> TickOutcome:
+    """Mark the schedule ended as soon as its last allowed run is emitted (or none is left).
+
+    Pending grid ticks that can no longer start are skips; queued triggers still start. The
+    schedule shows ``stopped`` once nothing of it is active or waiting (:func:`_settled_end`).
+    """
+    state = outcome.state
+    reason = state.stop_reason if state.ended else _end_reason(policy, state)
+    if reason is None:
+        return outcome
+    dropped = len(state.pending)
+    ended = replace(
+        state,
+        stop_reason=reason,
+        pending=(),
+        skips=state.skips + dropped,
+        grid_at=None,
+        next_due_at=state.next_due_at if state.triggers else None,
+    )
+    return replace(outcome, state=_settled_end(ended), skipped=outcome.skipped + dropped)
+
+
+def _settled_end(state: ScheduleState) -> ScheduleState:
+    """An ended schedule with nothing active or waiting shows ``stopped``."""
+    if state.ended and state.active_runs == 0 and not state.triggers:
+        return replace(state, stopped=True, next_due_at=None)
+    return state
 
 
 def on_settle(
@@ -334,6 +399,9 @@ def on_settle(
     """
     assert outcome.terminal, outcome
     stopped = state.stopped or stop
+    reason = state.stop_reason
+    if stop and reason is None:
+        reason = StopReason.STOP_SCHEDULE
     last_elapsed = state.last_elapsed_ms
     max_elapsed = state.max_elapsed_ms
     if elapsed_ms is not None:
@@ -342,13 +410,15 @@ def on_settle(
     next_due = state.next_due_at
     if stopped:
         next_due = None
+    elif state.ended:
+        next_due = now if state.triggers else None
     elif policy.mode is Mode.FIXED_DELAY:
         next_due = now + timedelta(seconds=gap_s) + jitter_delay(policy, gap_s, rng)
         if state.waiting_runs:
             next_due = now
     elif state.waiting_runs:
         next_due = now if next_due is None else min(next_due, now)
-    return replace(
+    settled = replace(
         state,
         active_runs=max(state.active_runs - 1, 0),
         runs=state.runs + int(not outcome.counts_as_failure),
@@ -356,8 +426,14 @@ def on_settle(
         last_elapsed_ms=last_elapsed,
         max_elapsed_ms=max_elapsed,
         stopped=stopped,
+        stop_reason=reason,
         next_due_at=next_due,
     )
+    if not stopped and not state.ended and policy.mode is Mode.FIXED_DELAY:
+        end = _end_reason(policy, settled)
+        if end is not None:
+            settled = replace(settled, stop_reason=end, next_due_at=now if settled.triggers else None)
+    return _settled_end(settled)
 
 
 def on_trigger(
@@ -374,8 +450,12 @@ def on_trigger(
     """
     if paused:
         return TriggerRefused(reason="the schedule is paused; resume it first")
+    if state.ended:
+        return TriggerRefused(
+            reason=f"the schedule has ended ({state.stop_reason}); give it a new end with update first"
+        )
     if state.stopped:
-        return TriggerRefused(reason="the schedule is stopped; resume (or, once ended, update) it first")
+        return TriggerRefused(reason="the schedule is stopped; resume it first")
     if len(state.triggers) >= MAX_QUEUED_TRIGGERS:
         return TriggerRefused(
             reason=f"{MAX_QUEUED_TRIGGERS} triggered runs already wait for a slot (the most a schedule "
@@ -409,7 +489,17 @@ def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: fl
         next_due = max(grid_at, next_due or grid_at)
     if state.waiting_runs:
         next_due = now
-    return replace(state, stopped=False, grid_at=grid_at, next_due_at=next_due)
+    return replace(state, stopped=False, stop_reason=None, grid_at=grid_at, next_due_at=next_due)
+
+
+def resume_refusal(state: ScheduleState) -> str | None:
+    """Why ``resume`` must refuse: an ended schedule comes back only with a new end (update)."""
+    if state.ended:
+        return (
+            f"the schedule has ended ({state.stop_reason}); resume does not revive it, "
+            "update_schedule with a later end_at or a higher max_runs does"
+        )
+    return None
 
 
 def on_config_change(
@@ -434,7 +524,10 @@ def on_config_change(
     """
     if config_changed:
         state = _within_pending_bound(spec.policy, state)
-        if old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
+        revived = state.ended and _allows_more(spec.policy, state, now)
+        if revived:
+            state = replace(state, stop_reason=None, stopped=False)
+        if revived or old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
             state = _restarted(spec, state, now, rng, last_run_at)
         if state.waiting_runs and state.active_runs < spec.policy.limit and not state.stopped:
             state = replace(state, next_due_at=min(state.next_due_at or now, now))
@@ -442,6 +535,20 @@ def on_config_change(
     if state.next_due_at is None and not state.stopped and state.active_runs == 0:
         return replace(state, next_due_at=initial_state(spec.policy, spec.timing, now, rng).next_due_at)
     return state
+
+
+def first_state(
+    spec: EntrySpec, now: datetime, rng: random.Random, last_run_at: datetime | None = None
+) -> ScheduleState:
+    """A new schedule's state; its first tick after ``last_run_at`` (a name used before)."""
+    return _restarted(spec, ScheduleState(), now, rng, last_run_at)
+
+
+def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:
+    """Whether a changed policy gives an ended schedule runs again (a later end, more runs)."""
+    if policy.max_runs is not None and state.grid_runs >= policy.max_runs:
+        return False
+    return policy.end_at is None or policy.end_at > now
 
 
 def _restarted(

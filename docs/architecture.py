@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "sql",
         "SQLAlchemy and Alembic: transactions, no Celery",
-        ("schema", "faults", "engine", "migrate", "store", "notify"),
+        ("schema", "faults", "engine", "migrate", "rows", "catalog", "store", "notify"),
     ),
     (
         "coordination",
@@ -37,7 +37,17 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "celery",
         "Celery glue: entries, publishing, the dispatcher, worker signals, reports",
-        ("entries", "publish", "dispatch", "tracking", "receivers", "reports", "outbox"),
+        (
+            "entries",
+            "definitions",
+            "schedules",
+            "publish",
+            "dispatch",
+            "tracking",
+            "receivers",
+            "reports",
+            "outbox",
+        ),
     ),
     ("beat", "the celery.beat contract and housekeeping", ("scheduler",)),
     ("entry points", "what users call: CLI, public API, Django", ("cli", "__init__", "contrib")),

@@ -92,7 +92,7 @@ def test_fixed_delay_refuses_crontab_and_missed_tick_policies() -> None:
 
 def test_unknown_keys_modes_and_missed_ticks_are_refused() -> None:
     """Unknown policy keys, modes and missed_ticks values are each named."""
-    assert keys_of(problems_of({"max_runs": 2})) == {"policy.max_runs"}
+    assert keys_of(problems_of({"max_retries": 2})) == {"policy.max_retries"}
     problems = problems_of({"mode": "fixed_rate_allow_overlap"})
     assert keys_of(problems) == {"policy.mode"}
     assert "fixed_rate_allow_overlap" in problems[0][2]

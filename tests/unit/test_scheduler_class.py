@@ -46,11 +46,11 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
     scheduler = Scheduler(app)
     try:
         store: Store = scheduler.store
-        spec = scheduler._specs["keep"]
+        spec = scheduler._config["keep"].spec
         old = datetime.now(UTC) - timedelta(days=3)
         rng = random.Random(0)
         # The rows exist once a lease holder reconciled them (as the first tick would).
-        store.sync_config(scheduler._specs.values(), datetime.now(UTC), rng)
+        store.sync_config(scheduler._config.values(), datetime.now(UTC), rng)
         with store.session() as s:
             from celery_boundedbeat.schema import ScheduleRow
 

@@ -1,0 +1,218 @@
+"""The schedule definitions' transactions: reconcile config, add, update (bodies run in a session).
+
+:class:`~celery_boundedbeat.store.Store` opens the transaction and calls these; each decides
+nothing itself (the tick state machine does) and touches only the rows that change, so the
+cost of a change is proportional to the change, not to the number of schedules:
+
+- config reconciling reads one narrow tuple per schedule and writes only new, changed or
+  removed config rows, in chunks that stay far below the drivers' bound-parameter limits;
+- a runtime add is one ``INSERT ... ON CONFLICT DO NOTHING``: two processes adding the same
+  name at once get one schedule and one ``already_present``;
+- an update locks one row.
+
+Ownership (CONTRACT §8): config reconciling never changes, replaces or removes a runtime
+schedule; a name in both is left to the row already in the table, and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from .exceptions import ConfigurationError, UnknownScheduleError
+from .policy import Definition, Policy
+from .rows import CONFIG, RUNTIME, apply_state, new_row, state_of, write_definition, write_state
+from .schema import RunRow, ScheduleRow
+from .ticks import first_state, on_config_change
+
+logger = logging.getLogger("celery_boundedbeat")
+
+#: Rows written or named per statement: well below SQLite's 32,766 and psycopg's 65,535
+#: bound parameters whatever the number of schedules.
+CHUNK = 500
+
+_T = TypeVar("_T")
+
+
+def chunks(items: Sequence[_T], size: int = CHUNK) -> Iterable[Sequence[_T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+@dataclass(kw_only=True, slots=True)
+class Reconciled:
+    """What reconciling ``beat_schedule`` with the table did (for the beat's log)."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    #: Config entries whose name a runtime schedule already has: the table's schedule wins.
+    clashes: list[str] = field(default_factory=list)
+
+
+def _row_values(row: ScheduleRow) -> dict[str, Any]:
+    return {c.key: getattr(row, c.key) for c in ScheduleRow.__table__.columns}
+
+
+def _fresh_row(
+    d: Definition, now: datetime, rng: random.Random, *, origin: str, last_run_at: Any
+) -> ScheduleRow:
+    row = new_row(d.name, now, origin=origin)
+    apply_state(row, first_state(d.spec, now, rng, last_run_at), now)
+    write_definition(row, d.spec, d.digest, d.timing, origin=origin)
+    return row
+
+
+def reconcile_config(
+    s: Session, definitions: Iterable[Definition], now: datetime, rng: random.Random
+) -> Reconciled:
+    """Bring the config rows in line with ``beat_schedule``: add new, update changed, drop removed.
+
+    Counters, the grid and pause/stop flags of an unchanged entry survive restarts, so ticks
+    missed while beat was down are handled by the entry's policy.
+    """
+    wanted = {d.name: d for d in definitions}
+    seen = s.execute(
+        select(
+            ScheduleRow.name,
+            ScheduleRow.origin,
+            ScheduleRow.config_hash,
+            ScheduleRow.timing.is_(None),
+            ScheduleRow.next_due_at.is_(None) & ~ScheduleRow.stopped & (ScheduleRow.active_runs == 0),
+        )
+    ).all()
+    report = Reconciled()
+    touch: list[str] = []
+    for name, origin, digest, no_timing, stalled in seen:
+        d = wanted.get(name)
+        if d is None:
+            if origin == CONFIG:
+                report.removed.append(name)
+        elif origin != CONFIG:
+            report.clashes.append(name)
+        elif digest != d.digest or (no_timing and d.timing is not None) or stalled:
+            touch.append(name)
+    known = {name for name, *_ in seen}
+    new = [d for name, d in wanted.items() if name not in known]
+    for part in chunks(new):
+        rows = [_fresh_row(d, now, rng, origin=CONFIG, last_run_at=None) for d in part]
+        s.execute(insert(ScheduleRow), [_row_values(r) for r in rows])
+    report.added = [d.name for d in new]
+    for names in chunks(touch):
+        query = select(ScheduleRow).where(ScheduleRow.name.in_(names)).with_for_update()
+        for row in s.scalars(query):
+            if _reconcile_row(row, wanted[row.name], now, rng):
+                report.changed.append(row.name)
+    for names in chunks(report.removed):
+        s.execute(delete(ScheduleRow).where(ScheduleRow.name.in_(names), ScheduleRow.origin == CONFIG))
+    _log(report)
+    return report
+
+
+def _reconcile_row(row: ScheduleRow, d: Definition, now: datetime, rng: random.Random) -> bool:
+    """One config row against its entry; whether the definition changed."""
+    changed = row.config_hash != d.digest
+    new = on_config_change(
+        d.spec,
+        state_of(row),
+        config_changed=changed,
+        old_schedule=row.schedule,
+        old_mode=Policy.from_json(row.policy).mode,
+        now=now,
+        rng=rng,
+    )
+    write_state(row, new)
+    if changed:
+        row.updated_at = now
+        row.version = (row.version or 0) + 1
+    write_definition(row, d.spec, d.digest, d.timing if d.timing is not None else row.timing, origin=CONFIG)
+    return changed
+
+
+def _log(report: Reconciled) -> None:
+    if report.removed:
+        logger.info("celery_boundedbeat: removed schedules no longer configured: %s", _names(report.removed))
+    if report.clashes:
+        logger.warning(
+            "celery_boundedbeat: beat_schedule entries not applied, a runtime schedule of the same "
+            "name exists (the schedule in the table wins; rename the entry or remove the runtime "
+            "schedule): %s",
+            _names(report.clashes),
+        )
+
+
+def _names(names: list[str], shown: int = 20) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def last_run_at(s: Session, name: str) -> datetime | None:
+    """The newest run's grid time: a new grid for ``name`` must not repeat it."""
+    value: datetime | None = s.scalar(select(func.max(RunRow.scheduled_for)).where(RunRow.schedule == name))
+    return value
+
+
+def insert_runtime(s: Session, d: Definition, now: datetime, rng: random.Random, dialect: str) -> bool:
+    """Add a runtime schedule unless the name exists (config or runtime); whether it was added."""
+    if s.get(ScheduleRow, d.name) is not None:
+        return False
+    row = _fresh_row(d, now, rng, origin=RUNTIME, last_run_at=last_run_at(s, d.name))
+    values = _row_values(row)
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        result = s.execute(pg_insert(ScheduleRow).values(**values).on_conflict_do_nothing())
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        result = s.execute(sqlite_insert(ScheduleRow).values(**values).on_conflict_do_nothing())
+    else:
+        result = s.execute(insert(ScheduleRow).values(**values))
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def runtime_row(s: Session, name: str) -> ScheduleRow:
+    """The runtime schedule ``name``, locked; config schedules are refused (change the config)."""
+    row = s.get(ScheduleRow, name, with_for_update=True)
+    if row is None:
+        raise UnknownScheduleError(name)
+    if row.origin != RUNTIME:
+        raise ConfigurationError(
+            [(name, "origin", "is a config schedule (beat_schedule); change the config instead")]
+        )
+    return row
+
+
+def update_runtime(
+    s: Session, name: str, revise: Callable[[ScheduleRow], Definition], now: datetime, rng: random.Random
+) -> bool:
+    """Apply ``revise``'s new definition to a runtime schedule; whether anything changed.
+
+    Counters and history stay; a new timing restarts the grid from ``now`` (no tick before
+    the change is emitted for it); a later end revives an ended schedule.
+    """
+    row = runtime_row(s, name)
+    d = revise(row)
+    if d.digest == row.config_hash and d.timing == row.timing:
+        return False
+    new = on_config_change(
+        d.spec,
+        state_of(row),
+        config_changed=True,
+        old_schedule=row.schedule,
+        old_mode=Policy.from_json(row.policy).mode,
+        now=now,
+        rng=rng,
+        last_run_at=last_run_at(s, name),
+    )
+    apply_state(row, new, now)
+    write_definition(row, d.spec, d.digest, d.timing, origin=RUNTIME)
+    row.version = (row.version or 0) + 1
+    return True

@@ -1,0 +1,158 @@
+"""Runtime schedules: add, change and remove schedules from any process (CONTRACT §8).
+
+A schedule per tenant, per feed, per customer, made by application code (a Django view, a
+worker task, a script) while beat runs, or with no beat running at all. Each call is one
+transaction, validated exactly like a ``beat_schedule`` entry (same :class:`ConfigurationError`
+texts), and a running beat applies it within about a second: it is woken by NOTIFY on
+PostgreSQL and looks every ``boundedbeat_poll_interval`` on SQLite, and it rebuilds only the
+schedules whose row changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from celery import Celery
+
+from .definitions import define, stored_entry
+from .engine import get_engine
+from .exceptions import ConfigurationError
+from .policy import Definition
+from .schema import ScheduleRow
+from .settings import Settings
+from .store import Store, utcnow
+
+logger = logging.getLogger("celery_boundedbeat")
+
+#: The longest schedule name the table keeps.
+MAX_NAME_LENGTH = 200
+
+AddOutcome = Literal["scheduled", "already_present"]
+
+
+class _Unset:
+    """Marks an ``update_schedule`` field that was not given (``None`` is a value there)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+def _context(app: Celery) -> tuple[Settings, Store]:
+    settings = Settings.from_conf(app.conf)
+    return settings, Store(get_engine(settings.database_url))
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError([(repr(name), "name", "must be a non-empty string")])
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            [(name[:40] + "...", "name", f"must be at most {MAX_NAME_LENGTH} characters, got {len(name)}")]
+        )
+    return name
+
+
+def _entry(task: Any, schedule: Any, args: Any, kwargs: Any, options: Any, policy: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"task": task, "schedule": schedule, "args": args}
+    entry["kwargs"] = {} if kwargs is None else kwargs
+    entry["options"] = {} if options is None else options
+    if policy is not None:
+        entry["policy"] = policy
+    return entry
+
+
+def add_schedule(
+    app: Celery,
+    name: str,
+    task: str,
+    schedule: Any,
+    *,
+    args: Any = (),
+    kwargs: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
+    policy: Mapping[str, Any] | None = None,
+) -> AddOutcome:
+    """Add a runtime schedule; ``"already_present"`` leaves an existing one of that name untouched.
+
+    ``schedule`` is what a ``beat_schedule`` entry takes (seconds, a timedelta, a crontab or a
+    solar); ``policy`` is merged over ``boundedbeat_default_policy``. Input is validated before
+    the name is looked up, so bad input is always an error, duplicate or not.
+    """
+    settings, store = _context(app)
+    d = define(
+        _check_name(name), _entry(task, schedule, args, kwargs, options, policy), app, settings.default_policy
+    )
+    added = store.add_schedule(d, utcnow(), random.Random())
+    return "scheduled" if added else "already_present"
+
+
+def update_schedule(
+    app: Celery,
+    name: str,
+    *,
+    task: Any = UNSET,
+    schedule: Any = UNSET,
+    args: Any = UNSET,
+    kwargs: Any = UNSET,
+    options: Any = UNSET,
+    policy: Any = UNSET,
+) -> None:
+    """Change the given fields of a runtime schedule; the others, its counters and history stay.
+
+    ``policy`` keys are merged over the schedule's current policy (give ``None`` for a key to
+    drop it back to its default). A new timing applies from the change on: no tick before the
+    change is emitted for it. Raises :class:`UnknownScheduleError` for an unknown name and
+    :class:`ConfigurationError` for invalid input or a config schedule (change the config).
+    """
+    given = {"task": task, "schedule": schedule, "args": args, "kwargs": kwargs, "options": options}
+    changes = {key: value for key, value in given.items() if value is not UNSET}
+    new_policy: Mapping[str, Any] | None = None
+    if not isinstance(policy, _Unset) and policy is not None:
+        if not isinstance(policy, Mapping):
+            raise ConfigurationError([(name, "policy", f"must be a dict, got {type(policy).__name__}")])
+        new_policy = policy
+    _, store = _context(app)
+
+    def revise(row: ScheduleRow) -> Definition:
+        entry, zone = stored_entry(name, row, app)
+        if "schedule" in changes:
+            zone = None  # a new crontab keeps the app's time zone, as a new schedule would
+        entry.update(changes)
+        if new_policy is not None:
+            entry["policy"] = {**entry["policy"], **new_policy}
+        return define(name, entry, app, {}, zone=zone)
+
+    store.update_schedule(_check_name(name), revise, utcnow(), random.Random())
+
+
+def remove_schedule(app: Celery, name: str, *, revoke_active: bool = False) -> bool:
+    """Remove a runtime schedule (its run history stays); False when there is none of that name.
+
+    With ``revoke_active`` its active runs settle ``revoked`` and the workers are asked to
+    terminate them (``app.control.revoke(..., terminate=True)``; the threads and solo pools
+    cannot terminate a running task, which then finishes but stays ``revoked``). Without it,
+    runs already emitted go on and are recorded as usual.
+    """
+    _, store = _context(app)
+    revoked = store.remove_schedule(_check_name(name), utcnow(), revoke_active=revoke_active)
+    if revoked is None:
+        return False
+    if revoked:
+        try:
+            app.control.revoke(revoked, terminate=True)
+        except Exception as exc:  # the rows are settled; only the workers' copy is left running
+            logger.warning(
+                "celery_boundedbeat: removed %s and settled %d run(s) revoked, but could not ask the "
+                "workers to terminate them (%s: %s)",
+                name,
+                len(revoked),
+                type(exc).__name__,
+                exc,
+            )
+    return True
