@@ -130,7 +130,7 @@ def config_definitions(app: Celery, default_policy: Mapping[str, Any]) -> dict[s
 class Resolver:
     """Beat's view of the schedules: each due row's spec, rebuilt only when its row changed.
 
-    The cache is keyed by the row's ``version``, so a change made by any process is seen at
+    The cache is keyed by the row's ``version`` and digest, so a change made by any process is seen at
     the row's next tick whether or not a notification arrived; notifications only wake the
     beat sooner and let it drop a removed schedule's copy. A config row this beat reconciled
     (same digest) uses the beat's own entry, which keeps any schedule object Celery accepts
@@ -140,16 +140,18 @@ class Resolver:
     def __init__(self, app: Celery, config: Mapping[str, Definition]) -> None:
         self._app = app
         self._config = config
-        self._cache: dict[str, tuple[int, EntrySpec | None]] = {}
+        self._cache: dict[str, tuple[tuple[int, str], EntrySpec | None]] = {}
         #: Schedules whose stored definition could not be rebuilt (logged once per version).
         self.unusable: dict[str, str] = {}
 
     def __call__(self, row: Any) -> EntrySpec | None:
+        # The digest too: a schedule removed and added again starts over at version 1.
+        key = (row.version, row.config_hash)
         cached = self._cache.get(row.name)
-        if cached is not None and cached[0] == row.version:
+        if cached is not None and cached[0] == key:
             return cached[1]
         spec = self._build(row)
-        self._cache[row.name] = (row.version, spec)
+        self._cache[row.name] = (key, spec)
         return spec
 
     def _build(self, row: Any) -> EntrySpec | None:

@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from .catalog import Reconciled, insert_runtime, reconcile_config, runtime_row, update_runtime
+from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
 from .enums import ACTIVE_STATES, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
 from .messages import clip_error, message_options
@@ -875,10 +875,12 @@ class Store:
 
     def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleRow]:
         with self.session() as s:
-            query = select(ScheduleRow).order_by(ScheduleRow.name)
-            if names is not None:
-                query = query.where(ScheduleRow.name.in_(list(names)))
-            return list(s.scalars(query))
+            if names is None:
+                return list(s.scalars(select(ScheduleRow).order_by(ScheduleRow.name)))
+            found: list[ScheduleRow] = []
+            for part in chunks(list(names)):
+                found.extend(s.scalars(select(ScheduleRow).where(ScheduleRow.name.in_(part))))
+            return sorted(found, key=lambda r: r.name)
 
     def runs(
         self,
