@@ -16,6 +16,7 @@ from .enums import RunState
 from .exceptions import BoundedBeatError, ScheduleEndedError
 from .health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
 from .lease import LEASE_NAME
+from .metrics import exposition, read_snapshot
 from .migrate import current_revision, head_revision, require_current, upgrade
 from .redact import mask_url, scrub
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
@@ -99,14 +100,25 @@ def migrate(ctx: click.Context) -> None:
 
 
 @boundedbeat.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (same as --format json).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "prometheus"]),
+    default="table",
+    show_default=True,
+    help="prometheus: the metrics beat serves at /metrics, in the Prometheus text format.",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """One row per schedule: state, next due time, counters."""
+def status(ctx: click.Context, as_json: bool, fmt: str) -> None:
+    """One row per schedule: state, next due time, counters (or the Prometheus metrics)."""
     app = _app(ctx)
     _ready(app)
+    if fmt == "prometheus":
+        _print_metrics(app, as_json)
+        return
     snaps = snapshot(app)
-    if as_json:
+    if as_json or fmt == "json":
         click.echo(json.dumps([s.to_json() for s in snaps], indent=2))
         return
     if not snaps:
@@ -303,7 +315,19 @@ def dispatch(ctx: click.Context) -> None:
     sys.exit(0 if ok else 1)
 
 
-# -- health probe (issue #12): the decision lives in health.py ---------------------------
+# -- health probe and metrics (issue #12): the decisions live in health.py, metrics.py ----
+
+
+def _print_metrics(app: Celery, as_json: bool) -> None:
+    """The Prometheus text format, for node_exporter's textfile collector or a look by hand."""
+    if as_json:
+        raise click.UsageError("--json and --format prometheus exclude each other")
+    url = _settings(app).database_url
+    try:
+        text = exposition(read_snapshot(get_engine(url), utcnow()))
+    except Exception as exc:
+        raise _database_error("cannot read the metrics from", url, exc) from None
+    click.echo(text, nl=False)
 
 
 @boundedbeat.command()

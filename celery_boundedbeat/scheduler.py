@@ -37,6 +37,7 @@ from .definitions import Resolver, config_definitions
 from .dispatch import Dispatcher
 from .engine import get_engine
 from .exceptions import BoundedBeatError, ConfigurationError
+from .exporter import MetricsExporter, serve_metrics
 from .faults import is_outage
 from .lease import LeaseEvent, LeaseKeeper, LeaseTurn
 from .messages import clip_error
@@ -87,6 +88,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
         self._closed = False
+        #: The ``/metrics`` endpoint, when ``boundedbeat_metrics_port`` is set.
+        self._metrics: MetricsExporter | None = None
         #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
         self._reconciled = False
         kwargs.pop("schedule_filename", None)
@@ -156,6 +159,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL], self._on_notify
             )
             self._listener.start()
+        if settings.metrics_port is not None:
+            self._metrics = serve_metrics(
+                self._store.engine,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                refresh_interval=settings.metrics_refresh_interval,
+                leader=self._lease.acting,
+            )
 
     @staticmethod
     def _prepare_database(url: str, auto_migrate: bool) -> Engine:
@@ -414,6 +425,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
         if self._listener is not None:
             self._listener.stop()
+        if self._metrics is not None:
+            self._metrics.stop()
         if self._lease is not None:
             try:
                 self._lease.release()

@@ -25,8 +25,11 @@ _POSITIVE = frozenset(
         "heartbeat_interval",
         "lease_ttl",
         "lease_renew_interval",
+        "metrics_refresh_interval",
     }
 )
+#: The highest TCP port (``metrics_port``; 0 lets the system pick a free one).
+_MAX_PORT = 65535
 
 
 class ConfLike(Protocol):
@@ -70,6 +73,12 @@ class Settings:
     retention_days: float | None = None
     #: Most schedules handled in one tick transaction.
     tick_batch_size: int = 1000
+    #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.
+    metrics_port: int | None = None
+    #: The address the metrics endpoint binds to (loopback: nothing outside the host sees it).
+    metrics_host: str = "127.0.0.1"
+    #: Seconds between two reads of the metrics snapshot a scrape is served from.
+    metrics_refresh_interval: float = 10.0
 
     @classmethod
     def from_conf(cls, conf: ConfLike) -> Settings:
@@ -120,6 +129,12 @@ def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
     if name == "database_url":
         if not isinstance(raw, str) or not raw:
             return None, "must be a non-empty SQLAlchemy URL string"
+    elif name == "metrics_port":
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= _MAX_PORT:
+            return None, f"must be a TCP port, an integer from 0 to {_MAX_PORT}, got {raw!r}"
+    elif name == "metrics_host":
+        if not isinstance(raw, str) or not raw.strip():
+            return None, f"must be a non-empty host name or address, got {raw!r}"
     elif name == "default_policy":
         if not isinstance(raw, Mapping):
             return None, f"must be a dict, got {type(raw).__name__}"

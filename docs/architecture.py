@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "coordination",
         "the beat lease over the store; the health probe and the metrics that read it",
-        ("lease", "health"),
+        ("lease", "health", "metrics", "exporter"),
     ),
     (
         "celery",
@@ -61,6 +61,7 @@ FRAMEWORKS = {
     "celery": "celery",
     "kombu": "celery",
     "django": "entry points",
+    "prometheus_client": "coordination",
 }
 
 
