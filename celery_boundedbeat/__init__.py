@@ -14,13 +14,14 @@ from .exceptions import (
     UnknownScheduleError,
 )
 from .outbox import enqueue
-from .receivers import install, stop_schedule
+from .receivers import CurrentRun, current_run, install, stop_schedule
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot
 from .schedules import add_schedule, remove_schedule, update_schedule
 
 __all__ = [
     "BoundedBeatError",
     "ConfigurationError",
+    "CurrentRun",
     "DatabaseNotMigratedError",
     "MissedTicks",
     "Mode",
@@ -33,6 +34,7 @@ __all__ = [
     "StopReason",
     "UnknownScheduleError",
     "add_schedule",
+    "current_run",
     "enqueue",
     "history",
     "install",

@@ -8,6 +8,7 @@ cut, so the three sides cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from .policy import Policy
@@ -16,6 +17,8 @@ from .policy import Policy
 RUN_HEADER = "boundedbeat_run"
 SCHEDULE_HEADER = "boundedbeat_schedule"
 MAX_RUN_TIME_HEADER = "boundedbeat_max_run_time"
+#: The grid time the run belongs to (ISO 8601 in UTC), read back by ``current_run()``.
+SCHEDULED_FOR_HEADER = "boundedbeat_scheduled_for"
 
 #: The longest error text kept in a row (runs, queue rows, iterations).
 MAX_ERROR_CHARS = 4000
@@ -28,14 +31,21 @@ def message_options(
     schedule: str,
     *,
     expires_after: float | None = None,
+    scheduled_for: datetime | None = None,
 ) -> dict[str, Any]:
-    """Publish options of one run: the entry's options, our headers, time limits and expiry."""
+    """Publish options of one run: the entry's options, our headers, time limits and expiry.
+
+    ``scheduled_for`` (the run's grid time) travels in a header so a task can learn it
+    without a query; messages written without it are answered from the run's row.
+    """
     options = dict(spec_options)
     if expires_after is not None:
         options.setdefault("expires", expires_after)
     headers = dict(options.pop("headers", None) or {})
     headers[RUN_HEADER] = run_id
     headers[SCHEDULE_HEADER] = schedule
+    if scheduled_for is not None:
+        headers[SCHEDULED_FOR_HEADER] = scheduled_for.astimezone(UTC).isoformat()
     if policy.max_run_time is not None:
         headers[MAX_RUN_TIME_HEADER] = policy.max_run_time
         # The soft limit lets the task clean up; the hard limit follows a little later.
@@ -61,3 +71,14 @@ def error_text(exc: BaseException | None) -> str:
     if exc is None:
         return "unknown error"
     return clip_error(f"{type(exc).__name__}: {exc}")
+
+
+def parse_scheduled_for(value: object) -> datetime | None:
+    """The grid time a :data:`SCHEDULED_FOR_HEADER` carries (aware UTC), or ``None`` if unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)

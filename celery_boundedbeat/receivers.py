@@ -13,6 +13,8 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from celery import Celery, signals
@@ -20,7 +22,14 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLo
 
 from .enums import RunState
 from .exceptions import NotInScheduledRunError
-from .messages import MAX_RUN_TIME_HEADER, RUN_HEADER, error_text
+from .messages import (
+    MAX_RUN_TIME_HEADER,
+    RUN_HEADER,
+    SCHEDULE_HEADER,
+    SCHEDULED_FOR_HEADER,
+    error_text,
+    parse_scheduled_for,
+)
 from .tracking import Tracker
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
@@ -34,14 +43,20 @@ def _tracker_for(task: Any) -> Tracker | None:
     return _trackers.get(app) if app is not None else None
 
 
-def _run_id_of(task: Any) -> str | None:
+def _header(task: Any, name: str) -> Any:
+    """One of our message headers from the task's request (Celery merges them into it)."""
     request = getattr(task, "request", None)
     if request is None:
         return None
-    run_id = request.get(RUN_HEADER) if hasattr(request, "get") else None
-    if run_id is None:
+    value = request.get(name) if hasattr(request, "get") else None
+    if value is None:
         headers = getattr(request, "headers", None) or {}
-        run_id = headers.get(RUN_HEADER)
+        value = headers.get(name)
+    return value
+
+
+def _run_id_of(task: Any) -> str | None:
+    run_id = _header(task, RUN_HEADER)
     return str(run_id) if run_id else None
 
 
@@ -70,6 +85,10 @@ def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None,
     if tracker is None or run_id is None:
         return
     _local.run_id = run_id
+    _local.run = None
+    _local.schedule = _header(task, SCHEDULE_HEADER)
+    _local.scheduled_for = parse_scheduled_for(_header(task, SCHEDULED_FOR_HEADER))
+    _local.tracker = tracker
     request = task.request
     tracker.started(run_id, request.hostname or socket.gethostname(), _time_limit(request))
 
@@ -146,7 +165,7 @@ def _on_postrun(
     task = task or sender
     tracker = _tracker_for(task)
     run_id = _run_id_of(task)
-    _local.run_id = None
+    _forget_run()
     if tracker is None or run_id is None or state in (None, "RETRY"):
         return
     # A safety net: success/failure handlers normally settled it already (then a no-op).
@@ -251,3 +270,49 @@ def stop_schedule() -> None:
         )
     for tracker in list(_trackers.values()):
         tracker.request_stop(run_id)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CurrentRun:
+    """The run of a schedule a task is executing (what :func:`current_run` returns)."""
+
+    #: The run id: the Celery task id, and ``id`` in ``boundedbeat_runs``.
+    id: str
+    #: The schedule's name.
+    schedule: str
+    #: The grid time the run belongs to, aware UTC (for a triggered run: the trigger time).
+    scheduled_for: datetime
+
+
+def current_run() -> CurrentRun | None:
+    """Inside a run emitted by celery_boundedbeat: which run it is; anywhere else ``None``.
+
+    Read from the message's headers. A message queued before they carried the grid time is
+    answered from the run's row, once per run (an outage then raises the database's error).
+    """
+    run_id = getattr(_local, "run_id", None)
+    if run_id is None:
+        return None
+    known: CurrentRun | None = getattr(_local, "run", None)
+    if known is not None and known.id == run_id:
+        return known
+    schedule, scheduled_for = getattr(_local, "schedule", None), getattr(_local, "scheduled_for", None)
+    tracker: Tracker | None = getattr(_local, "tracker", None)
+    if (schedule is None or scheduled_for is None) and tracker is not None:
+        row = tracker.store.run(run_id)
+        if row is not None:
+            schedule, scheduled_for = row.schedule, row.scheduled_for
+    if schedule is None or scheduled_for is None:
+        return None
+    run = CurrentRun(id=run_id, schedule=str(schedule), scheduled_for=scheduled_for)
+    _local.run = run
+    return run
+
+
+def _forget_run() -> None:
+    """The task ended: nothing of its run stays on the thread for the next task."""
+    _local.run_id = None
+    _local.run = None
+    _local.schedule = None
+    _local.scheduled_for = None
+    _local.tracker = None

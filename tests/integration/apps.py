@@ -3,10 +3,11 @@
 Each test gets its own module (unique module, queue and database), written by
 ``AppModule.write`` from the test's ``beat_schedule`` entries and extra settings; config
 values are rendered as Python source (``Raw`` keeps a piece verbatim, e.g. ``crontab(...)``).
-The module's one task, ``work``, sleeps a chosen time and records its own wall-clock start
+The module's main task, ``work``, sleeps a chosen time and records its own wall-clock start
 and end in a JSON-lines file, so overlap can be checked independently of the package's tables.
 With ``fail_escaped=True`` its ``fail`` message is decoded from backslash escapes in the
 worker (``"\\x00"``, ``"\\udce9"``): an exception text no database stores as it is.
+``report_run`` records what ``celery_boundedbeat.current_run()`` returns inside it.
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ def work(self, name, durations=(0.1,), cycle=False, fail=None, stop_on=None, fai
     finally:
         _record(event="end", t=time.time(), **base)
     return n
+
+
+@app.task(bind=True)
+def report_run(self, name):
+    """Record what celery_boundedbeat.current_run() says inside this task."""
+    run = celery_boundedbeat.current_run()
+    seen = None if run is None else dict(
+        id=run.id, schedule=run.schedule, scheduled_for=run.scheduled_for.isoformat(),
+        utc=run.scheduled_for.utcoffset() == timedelta(0),
+    )
+    _record(event="current_run", name=name, id=self.request.id, t=time.time(), run=seen, pid=os.getpid())
 '''
 
 
