@@ -29,6 +29,7 @@ POLICY_KEYS = frozenset(
         "jitter",
         "end_at",
         "max_runs",
+        "pause_on_failure",
     }
 )
 
@@ -52,6 +53,8 @@ class Policy:
     end_at: datetime | None = None
     #: At most this many runs from the grid (triggers do not count).
     max_runs: int | None = None
+    #: Pause after this many consecutive failed, timed-out or lost runs.
+    pause_on_failure: int | None = None
 
     @property
     def limit(self) -> int:
@@ -73,6 +76,7 @@ class Policy:
             "jitter": self.jitter,
             "end_at": None if self.end_at is None else self.end_at.isoformat(),
             "max_runs": self.max_runs,
+            "pause_on_failure": self.pause_on_failure,
         }
 
     @classmethod
@@ -88,6 +92,7 @@ class Policy:
             jitter=data.get("jitter"),
             end_at=None if data.get("end_at") is None else datetime.fromisoformat(data["end_at"]),
             max_runs=data.get("max_runs"),
+            pause_on_failure=data.get("pause_on_failure"),
         )
 
     @property
@@ -240,6 +245,7 @@ def parse_policy(
     jitter = read.duration("jitter", allow_zero=True)
     end_at = read.instant("end_at")
     max_runs = read.positive_int("max_runs")
+    pause_on_failure = read.positive_int("pause_on_failure")
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
@@ -255,6 +261,7 @@ def parse_policy(
         jitter=jitter,
         end_at=end_at,
         max_runs=max_runs,
+        pause_on_failure=pause_on_failure,
     )
     return policy, []
 

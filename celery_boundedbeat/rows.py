@@ -38,6 +38,7 @@ def new_row(name: str, now: datetime, *, origin: str = CONFIG) -> ScheduleRow:
         pending=[],
         triggers=[],
         grid_runs=0,
+        consecutive_failures=0,
         version=1,
         created_at=now,
     )
@@ -78,6 +79,8 @@ def state_of(row: ScheduleRow) -> ScheduleState:
         stopped=row.stopped,
         grid_runs=row.grid_runs or 0,
         stop_reason=None if row.stop_reason is None else StopReason(row.stop_reason),
+        consecutive_failures=row.consecutive_failures or 0,
+        pause_reason=row.pause_reason,
     )
 
 
@@ -105,3 +108,7 @@ def write_state(row: ScheduleRow, state: ScheduleState) -> None:
     row.stopped = state.stopped
     row.grid_runs = state.grid_runs
     row.stop_reason = None if state.stop_reason is None else state.stop_reason.value
+    row.consecutive_failures = state.consecutive_failures
+    if state.pause_reason is not None and row.pause_reason is None:
+        row.paused = True  # pause_on_failure: the state machine asked for it, naming the run
+    row.pause_reason = state.pause_reason

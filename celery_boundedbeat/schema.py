@@ -89,6 +89,8 @@ class ScheduleRow(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     #: Why the schedule paused itself (``pause_on_failure``); ``None`` when paused by hand.
     pause_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: Failed, timed-out or lost runs since the last completed one (``pause_on_failure``).
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     stopped: Mapped[bool] = mapped_column(Boolean, default=False)
     active_runs: Mapped[int] = mapped_column(Integer, default=0)

@@ -659,7 +659,9 @@ class Store:
         if not result.rowcount:  # type: ignore[attr-defined]
             return None
         s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-        self._free_slot(s, run.schedule, state, elapsed, now=now, stop=stop, rng=rng or random.Random())
+        self._free_slot(
+            s, run.schedule, state, elapsed, now=now, stop=stop, rng=rng or random.Random(), run_id=run_id
+        )
         return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
     def _free_slot(
@@ -672,6 +674,7 @@ class Store:
         now: datetime,
         stop: bool,
         rng: random.Random,
+        run_id: str,
     ) -> None:
         """Count a settled run on its schedule and free its slot (``on_settle``)."""
         row = s.get(ScheduleRow, schedule, with_for_update=True)
@@ -686,7 +689,10 @@ class Store:
             stop=stop,
             gap_s=row.period or 0.0,
             rng=rng,
+            run_id=run_id,
         )
+        if new.pause_reason is not None and row.pause_reason is None:
+            logger.warning("celery_boundedbeat: %s paused itself: %s", schedule, new.pause_reason)
         apply_state(row, new, now)
         row.last_finished_at = now
         self._notify(s, SETTLED_CHANNEL, schedule)

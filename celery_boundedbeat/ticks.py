@@ -57,6 +57,10 @@ class ScheduleState:
     #: Why the schedule stops or stopped: ``stop_schedule()``, or the end its policy gave it.
     #: An ended schedule emits no more grid runs and shows ``stopped`` once nothing is active.
     stop_reason: StopReason | None = None
+    #: Failed, timed-out or lost runs since the last completed one (``pause_on_failure``).
+    consecutive_failures: int = 0
+    #: Set when ``pause_on_failure`` paused the schedule: names the failing run; ``resume`` clears it.
+    pause_reason: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -318,8 +322,10 @@ def on_due(
     slots are free, the rest go to ``missed_ticks``; the grid advances past ``now``. Then
     pending runs start while slots are free. Fixed delay: one run, then wait for its finish.
     """
-    if state.stopped or state.ended:
+    if state.stopped:
         return TickOutcome(state=replace(state, next_due_at=None))
+    if state.ended:
+        return _due_ended(policy, state, now)
     if not state.triggers and _end_reason(policy, state) is not None:
         # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
         return _ended_if_over(policy, TickOutcome(state=state))
@@ -338,6 +344,15 @@ def on_due(
         # A due time set for waiting runs (settle, trigger) must not stay in the past, or
         # the beat would spin until the next grid tick: waiting runs wait for a settle.
         due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
+    return _ended_if_over(policy, due.outcome(state))
+
+
+def _due_ended(policy: Policy, state: ScheduleState, now: datetime) -> TickOutcome:
+    """An ended schedule starts only the triggers queued before its end, as slots free."""
+    due = _Due.of(policy, state, now)
+    while due.triggers and due.has_slot():
+        due.reserve(due.triggers.pop(0), triggered=True)
+    due.next_due = None
     return _ended_if_over(policy, due.outcome(state))
 
 
@@ -390,6 +405,7 @@ def on_settle(
     stop: bool,
     gap_s: float,
     rng: random.Random,
+    run_id: str | None = None,
 ) -> ScheduleState:
     """Free one slot exactly once and count the outcome (``ScheduledRunGuard``'s drop).
 
@@ -433,7 +449,31 @@ def on_settle(
         end = _end_reason(policy, settled)
         if end is not None:
             settled = replace(settled, stop_reason=end, next_due_at=now if settled.triggers else None)
-    return _settled_end(settled)
+    return _settled_end(_failure_streak(policy, settled, outcome, run_id))
+
+
+#: Outcomes ``pause_on_failure`` ignores: a person or the scheduler chose them, not the task.
+_NOT_THE_TASKS_FAILURE = frozenset({RunState.REVOKED, RunState.REJECTED})
+
+
+def _failure_streak(
+    policy: Policy, state: ScheduleState, outcome: RunState, run_id: str | None
+) -> ScheduleState:
+    """Count consecutive failures; at ``pause_on_failure`` of them, ask for a pause naming the run.
+
+    A completed run ends the streak; revoked and rejected runs neither count nor end it.
+    """
+    if outcome is RunState.COMPLETED:
+        return replace(state, consecutive_failures=0)
+    if outcome in _NOT_THE_TASKS_FAILURE:
+        return state
+    streak = state.consecutive_failures + 1
+    state = replace(state, consecutive_failures=streak)
+    bound = policy.pause_on_failure
+    if bound is not None and streak >= bound and state.pause_reason is None:
+        reason = f"pause_on_failure: {streak} failing runs in a row, the last {run_id} ({outcome.value})"
+        state = replace(state, pause_reason=reason)
+    return state
 
 
 def on_trigger(
@@ -489,7 +529,15 @@ def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: fl
         next_due = max(grid_at, next_due or grid_at)
     if state.waiting_runs:
         next_due = now
-    return replace(state, stopped=False, stop_reason=None, grid_at=grid_at, next_due_at=next_due)
+    return replace(
+        state,
+        stopped=False,
+        stop_reason=None,
+        grid_at=grid_at,
+        next_due_at=next_due,
+        consecutive_failures=0,
+        pause_reason=None,
+    )
 
 
 def resume_refusal(state: ScheduleState) -> str | None:
