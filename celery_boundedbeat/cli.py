@@ -526,3 +526,54 @@ def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
     if not removed:
         raise click.ClickException(f"no schedule named {name!r}")
     click.echo(f"{name}: removed")
+
+
+# -- check: validate beat_schedule as beat would, without a database ----------------------------
+
+#: Exit status of ``check`` when an entry or setting is invalid (EX_CONFIG, as beat).
+EX_CONFIG = 78
+
+
+def _next_due_times(spec: Any, now: datetime, count: int) -> list[datetime]:
+    """The first ``count`` due times of a schedule first seen at ``now`` (grid times, no jitter)."""
+    from .enums import Mode
+
+    first = now + timedelta(seconds=spec.policy.initial_delay)
+    if spec.policy.mode is Mode.FIXED_DELAY:
+        return [first]  # later ones depend on when each run finishes
+    times = [spec.timing.first_at_or_after(first)]
+    while len(times) < count:
+        _, _, after = spec.timing.passed(times[-1], times[-1])
+        if spec.policy.end_at is not None and after > spec.policy.end_at:
+            break
+        times.append(after)
+    return times[: spec.policy.max_runs or count]
+
+
+@boundedbeat.command()
+@click.option("--count", type=click.IntRange(1, 100), default=3, show_default=True, help="Due times shown.")
+@click.pass_context
+def check(ctx: click.Context, count: int) -> None:
+    """Validate beat_schedule as beat would (exit 78 on a bad entry) and show next due times.
+
+    Touches no database: meant for a project's own CI, before a deploy.
+    """
+    from .definitions import config_definitions
+    from .exceptions import ConfigurationError
+
+    app = _app(ctx)
+    try:
+        settings = Settings.from_conf(app.conf)
+        definitions = config_definitions(app, settings.default_policy)
+    except ConfigurationError as exc:
+        click.echo(str(exc), err=True)
+        ctx.exit(EX_CONFIG)
+    now = utcnow()
+    rows = []
+    for name, d in sorted(definitions.items()):
+        due = ", ".join(_fmt_time(t) for t in _next_due_times(d.spec, now, count))
+        if d.spec.policy.mode.value == "fixed_delay":
+            due += f" (then {d.spec.period:g} s after each run finishes)"
+        rows.append([name, d.spec.task, d.spec.policy.mode.value, d.spec.schedule_repr, due])
+    click.echo(_table(["NAME", "TASK", "MODE", "SCHEDULE", "NEXT DUE (UTC, if first seen now)"], rows))
+    click.echo(f"\n{len(rows)} schedule(s) valid")

@@ -1,0 +1,72 @@
+"""`boundedbeat check`: beat's validation for a project's own CI, without a database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from celery.bin.base import CLIContext
+from celery.schedules import crontab
+from click.testing import CliRunner, Result
+
+from celery_boundedbeat.cli import boundedbeat
+
+
+def run_check(app: Celery, *args: str) -> Result:
+    return CliRunner().invoke(
+        boundedbeat, ["check", *args], obj=CLIContext(app=app, no_color=True, workdir=None, quiet=True)
+    )
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Celery:
+    app = Celery("checktest", broker="memory://", set_as_current=False)
+    # A database that does not exist and cannot be created: check must never open it.
+    app.conf.boundedbeat_database_url = f"sqlite:///{tmp_path}/missing-dir/never.sqlite3"
+    return app
+
+
+def test_valid_entries_print_their_next_due_times_and_exit_0(app: Celery, tmp_path: Path) -> None:
+    """Each schedule is listed with its next due times; max_runs bounds how many are shown."""
+    app.conf.beat_schedule = {
+        "every-10": {"task": "proj.a", "schedule": 10.0},
+        "quarterly": {"task": "proj.b", "schedule": crontab(minute="*/15"), "policy": {"max_runs": 2}},
+        "after-finish": {"task": "proj.c", "schedule": 30, "policy": {"mode": "fixed_delay"}},
+    }
+    result = run_check(app, "--count", "4")
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert lines["every-10"].count(", ") == 3  # four due times
+    assert (
+        lines["quarterly"].count(":00, ")
+        + lines["quarterly"].count(":15, ")
+        + lines["quarterly"].count(":30, ")
+        + lines["quarterly"].count(":45, ")
+        == 1
+    )  # two due times: max_runs
+    assert "30 s after each run finishes" in lines["after-finish"]
+    assert "3 schedule(s) valid" in result.output
+    assert not (tmp_path / "missing-dir").exists()
+
+
+def test_a_bad_entry_exits_78_naming_entry_key_and_reason(app: Celery) -> None:
+    """The same problems beat would refuse, with EX_CONFIG, and no table."""
+    app.conf.beat_schedule = {
+        "zero": {"task": "proj.a", "schedule": 0},
+        "cron-delay": {"task": "proj.b", "schedule": crontab(), "policy": {"mode": "fixed_delay"}},
+    }
+    result = run_check(app)
+    assert result.exit_code == 78, result.output
+    assert "entry 'zero', key 'schedule': period must be > 0 seconds, got 0" in result.output
+    assert "entry 'cron-delay', key 'schedule': mode 'fixed_delay' needs a number" in result.output
+    assert "NEXT DUE" not in result.output
+
+
+def test_an_invalid_setting_exits_78(app: Celery) -> None:
+    """A bad boundedbeat_* setting is a configuration error too."""
+    app.conf.boundedbeat_default_policy = {"mode": "sometimes"}
+    app.conf.beat_schedule = {"a": {"task": "proj.a", "schedule": 5}}
+    result = run_check(app)
+    assert result.exit_code == 78, result.output
+    assert "boundedbeat_default_policy" in result.output
