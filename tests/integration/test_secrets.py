@@ -110,6 +110,7 @@ def test_beat_banner_logs_and_every_cli_command_mask_every_password(
     for command in (
         ("status",),
         ("status", "--json"),
+        ("status", "--format", "prometheus"),
         ("history", "--limit", "5"),
         ("history", "tick", "--json"),
         ("pause", "tick"),
@@ -120,6 +121,9 @@ def test_beat_banner_logs_and_every_cli_command_mask_every_password(
         done = _celery(tmp_path, "boundedbeat", *command)
         outputs[" ".join(command)] = done.stdout + done.stderr
         assert done.returncode == 0, outputs[" ".join(command)]
+    for command in (("health",), ("health", "--json")):  # exit 1 here: the beat is gone
+        done = _celery(tmp_path, "boundedbeat", *command)
+        outputs[" ".join(command)] = done.stdout + done.stderr
     outputs["dispatch"] = _run_for(tmp_path, 4, "boundedbeat", "dispatch")
     assert "draining postgresql+psycopg://postgres:***@" in outputs["dispatch"]
     for where, text in outputs.items():
@@ -132,7 +136,14 @@ def test_error_paths_name_the_database_and_the_reason_without_a_password(tmp_pat
     queue = f"bbsec_{uuid.uuid4().hex[:8]}"
     unreachable = f"postgresql+psycopg://postgres:{DB_SECRET}@127.0.0.1:1/nowhere"
     _write_app(tmp_path, unreachable, "amqp://guest:guest@127.0.0.1:5672//", queue)
-    for command in (("migrate",), ("status",), ("history",), ("pause", "tick")):
+    for command in (
+        ("migrate",),
+        ("status",),
+        ("status", "--format", "prometheus"),
+        ("history",),
+        ("pause", "tick"),
+        ("health",),
+    ):
         done = _celery(tmp_path, "boundedbeat", *command)
         text = done.stdout + done.stderr
         assert done.returncode != 0, text
@@ -144,7 +155,7 @@ def test_error_paths_name_the_database_and_the_reason_without_a_password(tmp_pat
 
     invalid = f"postgresql+psycopg://postgres:{DB_SECRET}@127.0.0.1:notaport/db"
     _write_app(tmp_path, invalid, "amqp://guest:guest@127.0.0.1:5672//", queue)
-    for command in (("migrate",), ("status",)):
+    for command in (("migrate",), ("status",), ("health",)):
         done = _celery(tmp_path, "boundedbeat", *command)
         text = done.stdout + done.stderr
         assert done.returncode != 0 and "Traceback" not in text, text
