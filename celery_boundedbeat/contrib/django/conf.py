@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Celery
 from django.conf import settings as django_settings
 
 from ...engine import get_engine
@@ -37,6 +38,18 @@ def admin_database() -> str:
     """The ``DATABASES`` alias whose connection reads the tables for the admin."""
     alias = getattr(django_settings, ADMIN_DATABASE_SETTING, None) or "default"
     return str(alias)
+
+
+def celery_app() -> Celery:
+    """A Celery app over the Django settings, for the schedule API the admin forms call.
+
+    Made per use, not cached: it reads the settings as they are at that moment and costs
+    nothing until asked. Use it as ``with celery_app() as app:`` so a broker connection that
+    a revoke opened is released.
+    """
+    app = Celery("celery_boundedbeat.contrib.django", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace=NAMESPACE)
+    return app
 
 
 def store() -> Store:

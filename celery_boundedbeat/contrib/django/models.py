@@ -1,7 +1,8 @@
 # mypy: allow-subclassing-any
-"""Unmanaged read-only models over the contract tables (CONTRACT §7).
+"""Unmanaged models over the contract tables (CONTRACT §7).
 
-Django never creates or alters these tables: ``celery -A proj boundedbeat migrate`` does.
+Django never creates, alters or writes these tables: ``celery -A proj boundedbeat migrate``
+creates them, beat and the schedule API (:mod:`celery_boundedbeat.schedules`) write them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 from django.db import models
 
-from ...enums import Mode, RunState
+from ...enums import Mode, RunState, StopReason
+from ...rows import CONFIG, RUNTIME
 
 
 class JSONTextField(models.TextField):
@@ -39,12 +41,21 @@ class Schedule(models.Model):
     args = JSONTextField()
     kwargs = JSONTextField()
     options = JSONTextField()
-    origin = models.CharField(max_length=16, help_text="config: beat_schedule; runtime: add_schedule().")
+    origin = models.CharField(
+        max_length=16,
+        choices=[(CONFIG, CONFIG), (RUNTIME, RUNTIME)],
+        help_text="config: beat_schedule; runtime: add_schedule(), the CLI or this admin.",
+    )
+    timing = JSONTextField(null=True, help_text="The grid as stored: interval, crontab or solar.")
+    version = models.BigIntegerField(help_text="Bumped by every change of the definition.")
     paused = models.BooleanField()
-    stopped = models.BooleanField(help_text="A run called stop_schedule(); resume lifts it.")
+    stopped = models.BooleanField(help_text="stop_schedule() (resume lifts it), end_at or max_runs.")
+    stop_reason = models.CharField(max_length=32, null=True, choices=[(r.value, r.value) for r in StopReason])
+    pause_reason = models.TextField(null=True, help_text="Set when pause_on_failure paused it.")
     active_runs = models.IntegerField()
     pending_runs = models.IntegerField()
     runs = models.BigIntegerField(help_text="Runs that completed.")
+    grid_runs = models.BigIntegerField(help_text="Runs emitted from the grid (what max_runs bounds).")
     skips = models.BigIntegerField(help_text="Ticks dropped because every slot was busy.")
     overlaps = models.BigIntegerField(help_text="Runs started while another was active.")
     failures = models.BigIntegerField(help_text="Runs that ended in a failure state.")
@@ -60,7 +71,8 @@ class Schedule(models.Model):
         managed = False
         db_table = "boundedbeat_schedules"
         ordering = ("name",)
-        default_permissions = ("view",)
+        # add / change / delete apply to runtime schedules only (the admin refuses config ones).
+        default_permissions = ("add", "change", "delete", "view")
         permissions = (("operate_schedule", "Can pause, resume and trigger schedules"),)
 
     def __str__(self) -> str:
