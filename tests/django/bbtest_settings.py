@@ -28,8 +28,17 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
 }
 
 
-def django_settings(database: str) -> dict[str, Any]:
-    """Settings for ``django.conf.settings.configure``; both aliases reach ``database``."""
+#: The ``DATABASES`` alias of the SQLite file the admin tests also run the tables on.
+SQLITE_ALIAS = "bb_sqlite"
+
+
+def django_settings(database: str, sqlite_path: str) -> dict[str, Any]:
+    """Settings for ``django.conf.settings.configure``.
+
+    ``default`` and ``history`` reach the PostgreSQL ``database``; ``bb_sqlite`` is a SQLite
+    file holding only the celery_boundedbeat tables (Django's own stay on PostgreSQL), the
+    layout of a project whose ``CELERY_BOUNDEDBEAT_DATABASE_URL`` points elsewhere.
+    """
     db = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": database,
@@ -71,7 +80,11 @@ def django_settings(database: str) -> dict[str, Any]:
                 },
             }
         ],
-        "DATABASES": {"default": dict(db), "history": dict(db)},
+        "DATABASES": {
+            "default": dict(db),
+            "history": dict(db),
+            SQLITE_ALIAS: {"ENGINE": "django.db.backends.sqlite3", "NAME": sqlite_path},
+        },
         "USE_TZ": True,
         "TIME_ZONE": "UTC",
         "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",

@@ -1,112 +1,20 @@
-"""The read-only admin pages and their pause / resume / trigger actions, through Django's test client."""
+"""The admin's read-only pages and their pause / resume / trigger actions, through Django's test client.
+
+Adding, changing and removing runtime schedules: test_django_admin_edit.py.
+"""
 
 from __future__ import annotations
 
-import random
-import re
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from bbtest_admin import RUNS, SCHEDULES, add_run, changelist_names, page
 from bbtest_settings import PASSWORD
-from celery import Celery
 
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.entries import build_specs
-from celery_boundedbeat.schema import RunRow
-from celery_boundedbeat.settings import Settings
 from celery_boundedbeat.store import Store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("clean_tables")]
-
-SCHEDULES = "/admin/celery_boundedbeat/schedule/"
-RUNS = "/admin/celery_boundedbeat/run/"
-
-
-def celery_app() -> Celery:
-    app = Celery("proj", set_as_current=False)
-    app.config_from_object("django.conf:settings", namespace="CELERY")
-    return app
-
-
-@pytest.fixture
-def store() -> Store:
-    """Schedules from CELERY_BEAT_SCHEDULE, synced the way beat does at startup."""
-    app = celery_app()
-    settings = Settings.from_conf(app.conf)
-    store = Store(get_engine(settings.database_url))
-    specs = build_specs(app, settings.default_policy)
-    store.sync_config(specs.values(), datetime.now(UTC), random.Random(0))
-    return store
-
-
-def add_run(store: Store, schedule: str, state: str, scheduled_for: datetime, **extra: Any) -> str:
-    run_id = str(uuid.uuid4())
-    with store.session() as s:
-        s.add(
-            RunRow(
-                id=run_id,
-                schedule=schedule,
-                task=f"proj.tasks.{schedule.replace('-', '_')}",
-                state=state,
-                scheduled_for=scheduled_for,
-                enqueued_at=scheduled_for,
-                **extra,
-            )
-        )
-    return run_id
-
-
-@pytest.fixture(scope="module")
-def users() -> dict[str, Any]:
-    """root (superuser), operator (view + operate), viewer (view), nobody (staff), plain (no staff)."""
-    from django.contrib.auth.models import Permission, User
-
-    def perms(*codenames: str) -> list[Permission]:
-        found = list(
-            Permission.objects.filter(content_type__app_label="celery_boundedbeat", codename__in=codenames)
-        )
-        assert len(found) == len(codenames)
-        return found
-
-    made: dict[str, Any] = {}
-    for name, staff, codenames in (
-        ("root", True, ()),
-        ("operator", True, ("view_schedule", "view_run", "operate_schedule")),
-        ("viewer", True, ("view_schedule", "view_run")),
-        ("nobody", True, ()),
-        ("plain", False, ()),
-    ):
-        user, _ = User.objects.get_or_create(
-            username=name, defaults={"is_staff": staff, "is_superuser": name == "root"}
-        )
-        user.user_permissions.set(perms(*codenames))
-        made[name] = user
-    return made
-
-
-@pytest.fixture
-def client_as(users: dict[str, Any]) -> Iterator[Any]:
-    from django.test import Client
-
-    def login(name: str) -> Client:
-        client = Client()
-        client.force_login(users[name])
-        return client
-
-    yield login
-
-
-def page(response: Any) -> str:
-    assert response.status_code == 200, response.status_code
-    return str(response.content.decode())
-
-
-def changelist_names(html: str) -> set[str]:
-    """Primary keys of the rows shown in a changelist (their ``action-select`` checkboxes or links)."""
-    return set(re.findall(r'<th class="field-(?:name|id)"><a href="[^"]*">([^<]+)</a>', html))
 
 
 def test_anonymous_users_are_sent_to_the_login_page() -> None:
@@ -180,15 +88,14 @@ def test_schedule_list_links_to_its_runs(store: Store, client_as: Any) -> None:
     assert f'href="{RUNS}?schedule=poll-partner"' in html
 
 
-def test_nobody_can_add_change_or_delete(store: Store, client_as: Any) -> None:
-    """Even a superuser gets no add button and 403 on add, change (POST) and delete."""
+def test_runs_and_config_schedules_cannot_be_added_changed_or_deleted(store: Store, client_as: Any) -> None:
+    """Even a superuser gets 403 on every write to a run or a config schedule, and no bulk delete."""
     run_id = add_run(store, "refresh-cache", "completed", datetime(2024, 3, 5, tzinfo=UTC))
     client = client_as("root")
+    assert f'href="{RUNS}add/"' not in page(client.get(RUNS))
+    assert client.get(f"{RUNS}add/").status_code == 403
+    assert client.post(f"{RUNS}add/", {}).status_code == 403
     for changelist, pk in ((SCHEDULES, "refresh-cache"), (RUNS, run_id)):
-        html = page(client.get(changelist))
-        assert f'href="{changelist}add/"' not in html
-        assert client.get(f"{changelist}add/").status_code == 403
-        assert client.post(f"{changelist}add/", {}).status_code == 403
         detail = page(client.get(f"{changelist}{pk}/change/"))
         assert 'name="_save"' not in detail and "/delete/" not in detail
         assert client.post(f"{changelist}{pk}/change/", {"task": "x"}).status_code == 403
