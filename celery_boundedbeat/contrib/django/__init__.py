@@ -1,4 +1,4 @@
-"""Django integration: read-only admin pages over the schedules and the run history.
+"""Django integration: admin pages over the schedules and the run history.
 
 Setup::
 
@@ -13,7 +13,11 @@ Setup::
   ``"default"``); the admin reads through that alias and its actions write through the URL,
   so both must reach the same database (``manage.py check`` reports an unknown alias).
 * Permissions: the pages need the ``view`` permission of each model (superusers have it);
-  pause / resume / trigger also need ``celery_boundedbeat.operate_schedule``. Nobody can add,
-  change or delete rows.
+  pause / resume / trigger also need ``celery_boundedbeat.operate_schedule``. Runtime
+  schedules are added, changed and removed with ``celery_boundedbeat.add_schedule``,
+  ``change_schedule`` and ``delete_schedule`` respectively, through the schedule API
+  (``add_schedule()``, ``update_schedule()``, ``remove_schedule()``: the same validation and
+  errors) with a Celery app configured from the Django settings (:func:`.conf.celery_app`).
+  Config schedules (``beat_schedule``) and runs are read-only for everyone.
 * Raw SQL: ``overlaps`` is a reserved word in PostgreSQL; quote it (``"overlaps"``).
 """
