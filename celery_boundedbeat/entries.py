@@ -115,18 +115,20 @@ def parse_entry(
     else:
         timing, kind, srepr, period, found = timing_for(name, raw["schedule"], tz)
         problems.extend(found)
-    args = raw.get("args") or ()
+    # None means "not given"; any other value must have the right type (0 or "" is not empty).
+    args = () if raw.get("args") is None else raw["args"]
     if not isinstance(args, list | tuple):
         problems.append((name, "args", f"must be a list or tuple, got {type(args).__name__}"))
         args = ()
-    kwargs = raw.get("kwargs") or {}
+    kwargs = {} if raw.get("kwargs") is None else raw["kwargs"]
     if not isinstance(kwargs, Mapping):
         problems.append((name, "kwargs", f"must be a dict, got {type(kwargs).__name__}"))
         kwargs = {}
-    options = dict(raw.get("options") or {}) if isinstance(raw.get("options") or {}, Mapping) else None
-    if options is None:
-        problems.append((name, "options", f"must be a dict, got {type(raw.get('options')).__name__}"))
-        options = {}
+    raw_options = {} if raw.get("options") is None else raw["options"]
+    if not isinstance(raw_options, Mapping):
+        problems.append((name, "options", f"must be a dict, got {type(raw_options).__name__}"))
+        raw_options = {}
+    options = dict(raw_options)
     raw_policy = raw.get("policy")
     if raw_policy is None and "policy" in options:
         raw_policy = options.pop("policy")  # app.add_periodic_task(..., policy={...})

@@ -9,7 +9,7 @@ import celery
 import pytest
 from celery.schedules import crontab, schedule, solar
 
-from celery_boundedbeat.entries import build_specs
+from celery_boundedbeat.entries import build_specs, parse_entry
 from celery_boundedbeat.enums import MissedTicks, Mode
 from celery_boundedbeat.exceptions import ConfigurationError
 from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
@@ -281,3 +281,10 @@ def test_relative_is_accepted_and_its_being_ignored_is_logged_once(caplog: pytes
     assert set(build_specs(app, {})) == {"a", "b", "c"}
     lines = [r.getMessage() for r in caplog.records if "relative" in r.getMessage()]
     assert len(lines) == 1 and "a, b" in lines[0]
+
+
+@pytest.mark.parametrize(("key", "value"), [("args", 0), ("args", ""), ("kwargs", 0), ("options", False)])
+def test_a_falsy_value_of_the_wrong_type_is_refused_not_taken_as_empty(key: str, value: object) -> None:
+    """args=0 or options=False is an error naming the key, as a truthy wrong value is."""
+    spec, problems = parse_entry("job", {"task": "t", "schedule": 5, key: value}, {})
+    assert spec is None and [p[1] for p in problems] == [key]
