@@ -165,17 +165,21 @@ def insert_runtime(s: Session, d: Definition, now: datetime, rng: random.Random,
         return False
     row = _fresh_row(d, now, rng, origin=RUNTIME, last_run_at=last_run_at(s, d.name))
     values = _row_values(row)
+    upsert: Any
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        result = s.execute(pg_insert(ScheduleRow).values(**values).on_conflict_do_nothing())
+        upsert = pg_insert(ScheduleRow).values(**values).on_conflict_do_nothing()
     elif dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        result = s.execute(sqlite_insert(ScheduleRow).values(**values).on_conflict_do_nothing())
+        upsert = sqlite_insert(ScheduleRow).values(**values).on_conflict_do_nothing()
     else:
-        result = s.execute(insert(ScheduleRow).values(**values))
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+        s.execute(insert(ScheduleRow).values(**values))  # a concurrent add fails on the key
+        return True
+    # Whether a row came back, not ``rowcount``: SQLAlchemy 2.1 reports -1 for an INSERT unless
+    # asked to keep the count, and -1 is truthy, so every add that lost a race said "scheduled".
+    return s.execute(upsert.returning(ScheduleRow.name)).first() is not None
 
 
 def runtime_row(s: Session, name: str) -> ScheduleRow:
