@@ -87,6 +87,10 @@ def define(
     zone: tzinfo | None = None,
 ) -> Definition:
     """Validate one entry exactly as beat does; raises :class:`ConfigurationError` naming each problem."""
+    if isinstance(raw, Mapping) and isinstance(raw.get("schedule"), crontab):
+        # As its row will read back (sets and ranges as lists): the schedule text and digest of
+        # a runtime schedule must not change when an update rebuilds it from the row.
+        raw = {**raw, "schedule": schedule_value(name, timing_json(raw["schedule"], app, zone), app)[0]}
     spec, problems = parse_entry(name, raw, default_policy, tz=zone)
     if problems or spec is None:
         raise ConfigurationError(problems)
