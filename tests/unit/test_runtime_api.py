@@ -648,3 +648,16 @@ def test_each_change_notifies_the_schedules_channel_with_its_name(
     assert notified(listener) == ["x"], "a duplicate add notified, or the update did not"
     assert remove_schedule(app, "x")
     assert notified(listener) == ["x"]
+
+
+def test_a_beat_never_runs_a_re_added_schedule_from_the_removed_ones_copy(app: Celery, store: Store) -> None:
+    """Removed and added again (version 1 both times) with another period, the resolver rebuilds it."""
+    resolve = Resolver(app, {})
+    add_schedule(app, "x", "proj.t", 10)
+    first = resolve(row(store, "x"))
+    assert first is not None and first.period == 10
+    assert remove_schedule(app, "x")
+    add_schedule(app, "x", "proj.t", 20)
+    assert row(store, "x").version == 1
+    again = resolve(row(store, "x"))
+    assert again is not None and again.period == 20
