@@ -1,0 +1,106 @@
+"""The Celery app module the scale benchmark's beat processes run (``bench/scale_bench.py``).
+
+Configured by ``BENCH_*`` environment variables set by the benchmark. Both scheduler classes
+here only add timestamps to a marks file (one line per event: ``<event> <unix time> ...``);
+they change nothing in how beat runs:
+
+- ``Marked`` is ``celery_boundedbeat.Scheduler`` with each tick transaction (``Store.tick``)
+  timed: its first line is the moment beat is ticking (it holds the lease, has reconciled
+  ``beat_schedule`` and has run its first tick transaction).
+- ``MarkedStock`` is Celery's ``PersistentScheduler``; its first ``tick()`` return is the
+  moment it is ticking (its heap of entries is built; Celery sleeps between ticks outside it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+IMPORTED_AT = time.time()
+
+from typing import Any  # noqa: E402
+
+from celery import Celery  # noqa: E402
+from celery.beat import PersistentScheduler  # noqa: E402
+
+import celery_boundedbeat  # noqa: E402
+from celery_boundedbeat.scheduler import Scheduler  # noqa: E402
+
+_marks = open(os.environ["BENCH_MARKS"], "a", buffering=1)  # noqa: SIM115 (the process's lifetime)
+
+
+def mark(event: str, *fields: Any) -> None:
+    _marks.write(" ".join([event, *(str(f) for f in fields)]) + "\n")
+
+
+def config_entries(n: int, kind: str, lead: float) -> dict[str, dict[str, Any]]:
+    """``n`` entries of one hour; ours have their first runs staggered over the hour after ``lead``."""
+    if kind == "stock":
+        return {f"c{i:06d}": {"task": "bench.noop", "schedule": 3600.0, "args": (i,)} for i in range(n)}
+    return {
+        f"c{i:06d}": {
+            "task": "bench.noop",
+            "schedule": 3600.0,
+            "args": (i,),
+            "policy": {"initial_delay": lead + i * 3600.0 / n},
+        }
+        for i in range(n)
+    }
+
+
+mark("imported", f"{IMPORTED_AT:.6f}")
+app = Celery("scale_app", broker=os.environ["BENCH_BROKER"])
+app.conf.update(
+    task_default_queue=os.environ["BENCH_QUEUE"],
+    boundedbeat_database_url=os.environ["BENCH_DB_URL"],
+    boundedbeat_dispatch_enabled=os.environ.get("BENCH_DISPATCH", "1") == "1",
+    beat_schedule=config_entries(
+        int(os.environ.get("BENCH_CONFIG_ENTRIES", "0")),
+        os.environ.get("BENCH_CONFIG_KIND", "ours"),
+        float(os.environ.get("BENCH_CONFIG_LEAD", "0")),
+    ),
+)
+celery_boundedbeat.install(app)
+mark("app", f"{time.time():.6f}")
+
+
+class Marked(Scheduler):
+    """``celery_boundedbeat.Scheduler``, with setup and every tick transaction timestamped."""
+
+    def setup_schedule(self) -> None:
+        mark("setup_start", f"{time.time():.6f}")
+        super().setup_schedule()
+        mark("setup_end", f"{time.time():.6f}")
+        inner = self.store.tick
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.time()
+            t0 = time.perf_counter()
+            result = inner(*args, **kwargs)
+            took = time.perf_counter() - t0
+            mark("tick", f"{started:.6f}", f"{took:.6f}", len(result.emitted), len(result.outcomes))
+            return result
+
+        self.store.tick = timed  # type: ignore[method-assign]
+
+
+class MarkedStock(PersistentScheduler):  # type: ignore[misc]
+    """Celery's stock scheduler, with setup and its first tick timestamped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._ticked = False
+        super().__init__(*args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        mark("setup_start", f"{time.time():.6f}")
+        super().setup_schedule()
+        mark("setup_end", f"{time.time():.6f}")
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.time()
+        t0 = time.perf_counter()
+        result = super().tick(*args, **kwargs)
+        if not self._ticked:
+            self._ticked = True
+            mark("tick", f"{started:.6f}", f"{time.perf_counter() - t0:.6f}", 0, 0)
+        return result
