@@ -44,7 +44,7 @@ from .messages import clip_error
 from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import Definition
-from .redact import mask_url, scrub
+from .redact import driver_reason, mask_url, scrub
 from .runtime import BackgroundLoop, IterationRecord, IterationRecorder
 from .settings import Settings
 from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
@@ -188,12 +188,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except Exception as exc:
             if not is_outage(exc):
                 raise
-            lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             logger.critical(
-                "celery_boundedbeat: cannot reach the database %s: %s: %s",
-                mask_url(url),
-                type(exc).__name__,
-                scrub(lines[0], url) if lines else "",
+                "celery_boundedbeat: cannot reach the database %s: %s", mask_url(url), driver_reason(exc, url)
             )
             raise SystemExit(EX_UNAVAILABLE) from None
         return engine
@@ -297,8 +293,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             until_due = (result.next_due_at - utcnow()).total_seconds()
             if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
                 until_due = 0
-            if until_due <= 0 and not result.emitted:
-                until_due = wait  # due rows this beat has no definition for: do not spin
+            elif not result.emitted and result.now is not None and result.next_due_at <= result.now:
+                until_due = wait  # still due after a tick that looked at it: do not spin
+            # A row due after the tick's ``now`` fell due while it ran: look again at once.
             wait = min(wait, max(until_due, 0.0))
         return min(wait, self.lease.seconds_to_next_look(), max(self._next_reap_at - time.monotonic(), 0.0))
 

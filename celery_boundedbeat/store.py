@@ -54,6 +54,7 @@ from .ticks import (
     on_settle,
     on_trigger,
     resume_refusal,
+    set_aside_until,
 )
 
 logger = logging.getLogger("celery_boundedbeat")
@@ -123,6 +124,10 @@ class TickResult:
     emitted: list[EmittedRun] = field(default_factory=list)
     outcomes: dict[str, TickOutcome] = field(default_factory=dict)
     next_due_at: datetime | None = None
+    #: The ``now`` the tick looked at: a row due after it fell due while the tick ran.
+    now: datetime | None = None
+    #: Due schedules whose definition could not be rebuilt, set aside (``set_aside_until``).
+    unusable: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -281,7 +286,7 @@ class Store:
         expire at the worker instead of running late after its run was settled ``rejected``.
         """
         resolve = specs if callable(specs) else (lambda row: specs.get(row.name))
-        result = TickResult()
+        result = TickResult(now=now)
         with self.session() as s:
             query = (
                 select(ScheduleRow)
@@ -299,7 +304,10 @@ class Store:
             for row in s.scalars(query):
                 spec = resolve(row)
                 if spec is None:
-                    # Not ours to emit (a schedule this beat has no definition for).
+                    # Its stored definition cannot be rebuilt: out of the due range for a while,
+                    # so it neither fills every batch nor keeps the beat looking at once.
+                    row.next_due_at = set_aside_until(now)
+                    result.unusable.append(row.name)
                     continue
                 outcome = on_due(spec.policy, spec.timing, state_of(row), now, rng)
                 apply_state(row, outcome.state, now)

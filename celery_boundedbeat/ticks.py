@@ -114,6 +114,16 @@ def _ms(delta: timedelta) -> int:
     return max(0, int(delta.total_seconds() * 1000))
 
 
+#: How long a due schedule whose stored definition cannot be rebuilt waits before beat looks
+#: at it again (an update of it sets its due time at once).
+UNUSABLE_RETRY = timedelta(seconds=60)
+
+
+def set_aside_until(now: datetime) -> datetime:
+    """The due time of a schedule beat cannot run now: out of the due range, back in a minute."""
+    return now + UNUSABLE_RETRY
+
+
 def jitter_delay(policy: Policy, gap_s: float, rng: random.Random) -> timedelta:
     """A uniform positive delay in ``[0, min(jitter, gap / 10)]`` (runtime.rs's cap)."""
     if not policy.jitter:

@@ -204,3 +204,29 @@ def test_invalid_settings_end_the_banner_with_exit_78_naming_the_key(
         _ = scheduler.info
     assert info.value.code == 78
     assert "boundedbeat_lease_ttl" in caplog.text
+
+
+def test_a_row_that_fell_due_while_the_tick_ran_is_looked_at_at_once(sqlite_url: str) -> None:
+    """A schedule due just after the tick's own now is not taken for an unusable row: no sleep.
+
+    The old rule slept the whole poll interval whenever a tick emitted nothing and a row was
+    already due, so a row due 4 ms after the tick looked ran about a second late.
+    """
+    from celery_boundedbeat.store import TickResult
+
+    app = _app(sqlite_url, boundedbeat_dispatch_enabled=False, boundedbeat_poll_interval=1.0)
+    scheduler = Scheduler(app)
+    try:
+        assert scheduler._keep_lease()  # the holder: its next lease look is seconds away
+        assert scheduler.lease.seconds_to_next_look() > 1.0
+        scheduler._next_reap_at = float("inf")
+        looked = datetime.now(UTC) - timedelta(milliseconds=10)
+        fell_due = TickResult(now=looked, next_due_at=looked + timedelta(milliseconds=4))
+        assert scheduler._next_wait(fell_due, 1.0) == 0.0
+        # A row still due after a tick that looked at it (and emitted nothing) is not spun on.
+        still_due = TickResult(now=looked, next_due_at=looked - timedelta(milliseconds=4))
+        assert scheduler._next_wait(still_due, 0.5) == pytest.approx(
+            min(0.5, scheduler.lease.seconds_to_next_look())
+        )
+    finally:
+        scheduler.close()

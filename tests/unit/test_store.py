@@ -20,7 +20,7 @@ from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import EntrySpec
 from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS, TriggerRefused
+from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS, UNUSABLE_RETRY, TriggerRefused
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)
@@ -191,10 +191,29 @@ def test_a_stale_beat_cannot_emit_a_tick_twice_and_rolls_back_whole(store: Store
 
 
 def test_tick_only_handles_schedules_it_knows(store: Store) -> None:
-    """A due schedule without a spec in this beat is left alone."""
+    """A due schedule without a usable spec emits nothing and is set aside a minute; the rest stays."""
     setup(store, spec("a"))
-    assert store.tick({}, T0, RNG, 100).emitted == []
-    assert row(store, "a").next_due_at == T0
+    before = row(store, "a")
+    result = store.tick({}, T0, RNG, 100)
+    assert result.emitted == [] and result.unusable == ["a"]
+    after = row(store, "a")
+    assert after.next_due_at == T0 + UNUSABLE_RETRY
+    assert (after.grid_at, after.runs, after.skips, after.updated_at) == (
+        before.grid_at,
+        before.runs,
+        before.skips,
+        before.updated_at,
+    )
+
+
+def test_unusable_schedules_never_starve_the_others(store: Store) -> None:
+    """Due rows beat cannot rebuild, as many as a whole batch, do not keep a later due row from running."""
+    good = spec("good", policy={"initial_delay": 0.001})  # due just after the two others
+    setup(store, spec("bad1"), spec("bad2"), good)
+    known = {"good": good}
+    store.tick(known, T0 + sec(1), RNG, 2)  # the batch holds the two unusable rows only
+    emitted = store.tick(known, T0 + sec(1.5), RNG, 2).emitted
+    assert [e.schedule for e in emitted] == ["good"]
 
 
 def test_tick_respects_the_batch_limit(store: Store) -> None:
