@@ -18,7 +18,7 @@ from .health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_r
 from .lease import LEASE_NAME
 from .metrics import exposition, read_snapshot
 from .migrate import current_revision, head_revision, require_current, upgrade
-from .redact import mask_url, scrub
+from .redact import driver_reason, mask_url, scrub
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
 from .settings import Settings
 from .store import utcnow
@@ -44,9 +44,7 @@ def _database_error(action: str, url: str, exc: BaseException) -> click.ClickExc
     """A one-line error naming the database (masked) and the driver's reason, never a password."""
     if isinstance(exc, BoundedBeatError):
         return click.ClickException(scrub(str(exc), url))
-    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    reason = scrub(lines[0].strip(), url) if lines else ""
-    return click.ClickException(f"{action} {mask_url(url)}: {type(exc).__name__}: {reason}")
+    return click.ClickException(f"{action} {mask_url(url)}: {driver_reason(exc, url)}")
 
 
 def _ready(app: Celery) -> None:
