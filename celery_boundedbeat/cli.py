@@ -534,12 +534,14 @@ EX_CONFIG = 78
 
 def _next_due_times(spec: Any, now: datetime, count: int) -> list[datetime]:
     """The first ``count`` due times of a schedule first seen at ``now`` (grid times, no jitter)."""
-    from .enums import Mode
+    import random
 
-    first = now + timedelta(seconds=spec.policy.initial_delay)
-    if spec.policy.mode is Mode.FIXED_DELAY:
-        return [first]  # later ones depend on when each run finishes
-    times = [spec.timing.first_at_or_after(first)]
+    from .ticks import initial_state
+
+    first = initial_state(spec.policy, spec.timing, now, random.Random(0))
+    if first.grid_at is None:  # fixed delay: later ones depend on when each run finishes
+        return [first.next_due_at] if first.next_due_at is not None else []
+    times = [first.grid_at]
     while len(times) < count:
         _, _, after = spec.timing.passed(times[-1], times[-1])
         if spec.policy.end_at is not None and after > spec.policy.end_at:
