@@ -24,6 +24,10 @@ VENV_BIN = Path(sys.executable).parent
 CELERY = str(VENV_BIN / "celery") if (VENV_BIN / "celery").exists() else "celery"
 
 
+#: The lease holder's log line once its schedule rows match beat_schedule (scheduler._reconcile).
+RECONCILED = " reconciled "
+
+
 @dataclass(kw_only=True)
 class Proc:
     name: str
@@ -117,7 +121,9 @@ class Processes:
             "beat", ["beat", "-S", "celery_boundedbeat.Scheduler", "--loglevel", "INFO", *extra]
         )
         if wait_lease:
+            # The holder logs the lease before it reconciles beat_schedule: wait for the rows too.
             wait_for_log(proc, "holds the beat lease", timeout=30)
+            wait_for_log(proc, RECONCILED, timeout=30)
         return proc
 
     def start_worker(self, pool: str = "threads", concurrency: int = 4, wait_ready: bool = True) -> Proc:
@@ -154,6 +160,7 @@ class Processes:
         beat = self.start_beat(*beat_args, wait_lease=False)
         wait_for_log(worker, " ready.", timeout=40)
         wait_for_log(beat, "holds the beat lease", timeout=40)
+        wait_for_log(beat, RECONCILED, timeout=30)
         return worker, beat
 
     def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
