@@ -48,7 +48,7 @@ from celery import Celery
 from sqlalchemy import Engine, insert, select, text
 
 from celery_boundedbeat import add_schedule, remove_schedule, update_schedule
-from celery_boundedbeat.catalog import _fresh_row, _row_values
+from celery_boundedbeat.catalog import fresh_values
 from celery_boundedbeat.definitions import Resolver, define
 from celery_boundedbeat.engine import get_engine
 from celery_boundedbeat.migrate import upgrade
@@ -478,7 +478,7 @@ def runtime_rows(
         entry["policy"] = policy
     d = define(f"{prefix}template", entry, app, {})
     now = datetime.now(UTC)
-    template = _row_values(_fresh_row(d, now, random.Random(0), origin=RUNTIME, last_run_at=None))
+    template = fresh_values(d, now, random.Random(0), origin=RUNTIME, last_run_at=None)
     for i in range(start, start + count):
         due = first_due(i)
         spec = dataclasses.replace(d.spec, name=f"{prefix}{i:06d}", args=(i,))

@@ -16,19 +16,21 @@ schedule; a name in both is left to the row already in the table, and logged.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import JSON, Table, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, UnknownScheduleError
 from .policy import Definition, Policy
-from .rows import CONFIG, RUNTIME, apply_state, new_row, state_of, write_definition, write_state
+from .rows import COLUMNS, CONFIG, RUNTIME, apply_state, state_of, write_definition, write_state
+from .rows import fresh_values as row_values
 from .schema import RunRow, ScheduleRow
 from .ticks import first_state, on_config_change
 
@@ -37,6 +39,10 @@ logger = logging.getLogger("celery_boundedbeat")
 #: Rows written or named per statement: well below SQLite's 32,766 and psycopg's 65,535
 #: bound parameters whatever the number of schedules.
 CHUNK = 500
+TABLE = cast(Table, ScheduleRow.__table__)
+#: Stored as JSON documents (``None`` as JSON ``null``, as SQLAlchemy's JSON type writes it).
+JSON_COLUMNS = frozenset(c.key for c in TABLE.columns if isinstance(c.type, JSON))
+COPY_SQL = "COPY {} ({}) FROM STDIN".format(TABLE.name, ", ".join(f'"{c}"' for c in COLUMNS))
 
 _T = TypeVar("_T")
 
@@ -57,17 +63,37 @@ class Reconciled:
     clashes: list[str] = field(default_factory=list)
 
 
-def _row_values(row: ScheduleRow) -> dict[str, Any]:
-    return {c.key: getattr(row, c.key) for c in ScheduleRow.__table__.columns}
-
-
-def _fresh_row(
+def fresh_values(
     d: Definition, now: datetime, rng: random.Random, *, origin: str, last_run_at: Any
-) -> ScheduleRow:
-    row = new_row(d.name, now, origin=origin)
-    apply_state(row, first_state(d.spec, now, rng, last_run_at), now)
-    write_definition(row, d.spec, d.digest, d.timing, origin=origin)
-    return row
+) -> dict[str, Any]:
+    """A new schedule's row as plain values: its first state and its definition."""
+    state = first_state(d.spec, now, rng, last_run_at)
+    return row_values(d.spec, state, d.digest, d.timing, now, origin=origin)
+
+
+def insert_rows(s: Session, rows: Iterable[dict[str, Any]]) -> None:
+    """Insert new schedule rows given as plain values, in the session's transaction.
+
+    No ORM object per row: building and reading back 100,000 instrumented rows was most of
+    a cold start. PostgreSQL gets one ``COPY`` (a third of the time of an executemany, and the
+    server parses while the rows are still being built); other databases an executemany per
+    chunk.
+    """
+    connection = s.connection()
+    if connection.dialect.name == "postgresql":
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        with cursor.copy(COPY_SQL) as copy:
+            for row in rows:
+                copy.write_row([json.dumps(row[c]) if c in JSON_COLUMNS else row[c] for c in COLUMNS])
+        return
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == CHUNK:
+            s.execute(insert(TABLE), batch)
+            batch = []
+    if batch:
+        s.execute(insert(TABLE), batch)
 
 
 def reconcile_config(
@@ -101,9 +127,7 @@ def reconcile_config(
             touch.append(name)
     known = {name for name, *_ in seen}
     new = [d for name, d in wanted.items() if name not in known]
-    for part in chunks(new):
-        rows = [_fresh_row(d, now, rng, origin=CONFIG, last_run_at=None) for d in part]
-        s.execute(insert(ScheduleRow), [_row_values(r) for r in rows])
+    insert_rows(s, (fresh_values(d, now, rng, origin=CONFIG, last_run_at=None) for d in new))
     report.added = [d.name for d in new]
     for names in chunks(touch):
         query = select(ScheduleRow).where(ScheduleRow.name.in_(names)).with_for_update()
@@ -163,8 +187,7 @@ def insert_runtime(s: Session, d: Definition, now: datetime, rng: random.Random,
     """Add a runtime schedule unless the name exists (config or runtime); whether it was added."""
     if s.get(ScheduleRow, d.name) is not None:
         return False
-    row = _fresh_row(d, now, rng, origin=RUNTIME, last_run_at=last_run_at(s, d.name))
-    values = _row_values(row)
+    values = fresh_values(d, now, rng, origin=RUNTIME, last_run_at=last_run_at(s, d.name))
     upsert: Any
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert

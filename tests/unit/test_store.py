@@ -750,3 +750,40 @@ def test_timestamps_come_back_as_aware_utc(store: Store) -> None:
     assert run is not None and run.scheduled_for.utcoffset() == timedelta(0)
     with pytest.raises(StatementError, match="timezone-aware"):
         store.heartbeat("host:1", "host", 1, datetime(2030, 1, 1))
+
+
+def test_config_rows_written_in_bulk_equal_a_schedule_added_alone(store: Store) -> None:
+    """Bulk-inserted config rows (COPY on PostgreSQL) hold exactly what a single runtime add stores.
+
+    Values that a text COPY must escape (tabs, newlines, backslashes, ``\\N``, quotes, non-ASCII,
+    JSON nulls) come back unchanged, and the row differs from the runtime one only in name and origin.
+    """
+    from celery_boundedbeat.policy import Definition
+
+    awkward: dict[str, Any] = {
+        "args": ["a\tb", "line\nnext", "back\\slash", "\\N", None, 1.5, {"k": [None, "é✓"]}],
+        "kwargs": {"quote": 'it\'s "x"', "empty": "", "none": None},
+        "options": {"queue": "q\tq", "priority": 3},
+        "policy": {"mode": "fixed_delay", "initial_delay": 7, "jitter": 2},
+        "task": "proj.same",
+    }
+    config = Definition.of(spec("bulk", 30, **awkward), {"kind": "interval", "seconds": 30.0})
+    single = Definition.of(spec("single", 30, **awkward), {"kind": "interval", "seconds": 30.0})
+    store.sync_config([config], T0, random.Random(9))
+    assert store.add_schedule(single, T0, random.Random(9))
+    bulk_row, single_row = row(store, "bulk"), row(store, "single")
+    keys = [c.key for c in ScheduleRow.__table__.columns if c.key not in ("name", "origin", "config_hash")]
+    assert {k: getattr(bulk_row, k) for k in keys} == {k: getattr(single_row, k) for k in keys}
+    assert (bulk_row.config_hash, single_row.config_hash) == (config.digest, single.digest)
+    assert bulk_row.args == awkward["args"] and bulk_row.kwargs == awkward["kwargs"]
+    assert (bulk_row.origin, single_row.origin) == ("config", "runtime")
+
+
+def test_many_config_entries_are_inserted_in_one_reconcile(store: Store) -> None:
+    """More entries than one insert chunk all land, each with its own first due time."""
+    entries = [spec(f"e{i:04d}", 60, policy={"initial_delay": i}) for i in range(1234)]
+    report = store.sync_config(entries, T0, RNG)
+    assert len(report.added) == 1234
+    rows = {r.name: r for r in store.schedules()}
+    assert len(rows) == 1234
+    assert all(rows[f"e{i:04d}"].next_due_at == T0 + sec(i) for i in range(1234))
