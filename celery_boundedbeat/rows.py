@@ -8,7 +8,9 @@ changes, config reconciling) reads and writes the same columns the same way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from .enums import StopReason
@@ -140,6 +142,25 @@ def write_state(row: ScheduleRow, state: ScheduleState) -> None:
         setattr(row, key, value)
 
 
+@cache
+def _column_defaults() -> Mapping[str, Any]:
+    """Each column's Python-side default (``None`` where it has none), as an INSERT would apply it.
+
+    Computed once; callers copy it and replace every mutable value they write.
+    """
+    values: dict[str, Any] = {}
+    for column in ScheduleRow.__table__.columns:
+        default = column.default
+        arg = getattr(default, "arg", None)
+        if default is None or arg is None:
+            values[column.key] = None
+        elif getattr(default, "is_callable", False):
+            values[column.key] = arg(None)  # SQLAlchemy wraps a callable default to take a context
+        else:
+            values[column.key] = arg
+    return values
+
+
 def fresh_values(
     spec: EntrySpec,
     state: ScheduleState,
@@ -150,7 +171,7 @@ def fresh_values(
     origin: str,
 ) -> dict[str, Any]:
     """Every column of a new schedule row, built without an ORM object (bulk inserts at 100k)."""
-    values: dict[str, Any] = dict.fromkeys(COLUMNS)
+    values = dict(_column_defaults())
     values.update(zero_values(spec.name, now, origin=origin))
     values.update(state_values(state))
     values["paused"] = state.pause_reason is not None
