@@ -183,6 +183,22 @@ def configured_entries(app: Celery) -> dict[str, Any]:
 def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, EntrySpec]:
     """Every configured entry, validated; raises :class:`ConfigurationError` listing all problems."""
     entries = configured_entries(app)
+    specs = validate_entries(entries, default_policy)
+    relative = sorted(name for name, raw in entries.items() if raw.get("relative"))
+    if relative:
+        logger.warning(
+            "celery_boundedbeat: 'relative' is ignored (ticks stay on the schedule's own grid) for: %s",
+            ", ".join(relative),
+        )
+    return specs
+
+
+def validate_entries(entries: Mapping[Any, Any], default_policy: Mapping[str, Any]) -> dict[str, EntrySpec]:
+    """``beat_schedule``-style entries, validated as beat validates them; raises listing all problems.
+
+    One owner of beat's rules, shared by beat, ``boundedbeat check`` and ``testing.simulate``,
+    so a simulated entry is refused with the very texts beat would log.
+    """
     problems: list[Problem] = []
     _, default_problems = parse_policy("boundedbeat_default_policy", {}, default_policy)
     problems.extend(default_problems)
@@ -196,10 +212,4 @@ def build_specs(app: Celery, default_policy: Mapping[str, Any]) -> dict[str, Ent
             specs[spec.name] = spec
     if problems:
         raise ConfigurationError(problems)
-    relative = sorted(name for name, raw in entries.items() if raw.get("relative"))
-    if relative:
-        logger.warning(
-            "celery_boundedbeat: 'relative' is ignored (ticks stay on the schedule's own grid) for: %s",
-            ", ".join(relative),
-        )
     return specs

@@ -50,7 +50,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         ),
     ),
     ("beat", "the celery.beat contract and housekeeping", ("scheduler",)),
-    ("entry points", "what users call: CLI, public API, Django", ("cli", "__init__", "contrib")),
+    (
+        "entry points",
+        "what users call: CLI, public API, Django, the pytest plugin",
+        ("cli", "__init__", "contrib", "testing"),
+    ),
 ]
 
 #: Frameworks, and the lowest layer allowed to import each.

@@ -1,27 +1,24 @@
 """Draw docs/timeline.svg: what each policy does with a task slower than its period.
 
-The picture is not drawn by hand: every row drives the package's own pure policy and tick functions
-(``parse_policy``, ``initial_state``, ``on_due``, ``on_settle``) with a fake clock, exactly
-as the beat does, and records when runs start and finish. Workers are assumed to start a
-run the moment it is emitted. Plain SVG text; no plotting library.
+The picture is not drawn by hand: every row is a ``beat_schedule`` entry given to
+:func:`celery_boundedbeat.testing.simulate`, the simulator users call in their own tests, which
+validates it as beat does and drives the package's own tick functions (``first_state``,
+``on_due``, ``on_settle``) with a fake clock. Workers are assumed to start a run the moment it
+is emitted. Plain SVG text; no plotting library.
 
     python docs/timeline.py            # rewrites docs/timeline.svg
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from celery_boundedbeat.enums import Mode, RunState
-from celery_boundedbeat.policy import parse_policy
-from celery_boundedbeat.ticks import initial_state, on_due, on_settle
-from celery_boundedbeat.timing import IntervalTiming
+from celery_boundedbeat import testing
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 HORIZON = 20.0  # seconds shown
@@ -101,10 +98,6 @@ class Simulation:
     overlaps: int
 
 
-def secs(t: datetime) -> float:
-    return (t - T0).total_seconds()
-
-
 def simulate_stock(row: Row) -> Simulation:
     """Stock beat: one run per tick, started at once, however many are still running."""
     ticks = [i * row.period for i in range(int(HORIZON / row.period) + 1) if i * row.period < HORIZON]
@@ -115,52 +108,28 @@ def simulate_stock(row: Row) -> Simulation:
 
 
 def simulate(row: Row) -> Simulation:
-    """Run the policy functions on a fake clock: settle finished runs, then look if due."""
-    policy, problems = parse_policy(row.title, row.policy)
-    assert policy is not None, problems
-    timing = IntervalTiming(row.period)
-    rng = random.Random(0)
-    state = initial_state(policy, timing, T0, rng)
-    runs: list[Run] = []
-    active: list[Run] = []
-    now = T0
-    while secs(now) < HORIZON:
-        for run in sorted((r for r in active if r.end <= secs(now) + EPS), key=lambda r: r.end):
-            active.remove(run)
-            state = on_settle(
-                policy,
-                state,
-                outcome=RunState.COMPLETED,
-                elapsed_ms=int((run.end - run.start) * 1000),
-                now=now,
-                stop=False,
-                gap_s=row.period,
-                rng=rng,
-            )
-        if state.next_due_at is not None and state.next_due_at <= now:
-            outcome = on_due(policy, timing, state, now, rng)
-            state = outcome.state
-            for emission in outcome.emit:
-                start = secs(now)
-                run = Run(
-                    scheduled_for=secs(emission.scheduled_for),
-                    start=start,
-                    end=start + row.durations[len(runs) % len(row.durations)],
-                )
-                runs.append(run)
-                active.append(run)
-        events = [r.end for r in active]
-        if state.next_due_at is not None:
-            events.append(max(secs(state.next_due_at), secs(now) + EPS))
-        if not events:
-            break
-        now = T0 + timedelta(seconds=min(events))
+    """The row's entry through the package's own simulator, in seconds after ``T0``.
+
+    :func:`celery_boundedbeat.testing.simulate` is what users call in their tests: it validates
+    the entry as beat does and drives the tick functions on a fake clock.
+    """
+    entry = {"task": "docs.timeline", "schedule": row.period, "policy": row.policy}
+    timeline = testing.simulate(
+        entry, hours=HORIZON / 3600, task_seconds=row.durations, start=T0, name=row.title
+    )
+    runs = [
+        Run(
+            scheduled_for=timeline.seconds(e.scheduled_for),
+            start=timeline.seconds(e.start),
+            end=timeline.seconds(e.finish),
+        )
+        for e in timeline.runs
+        if e.start is not None and e.finish is not None
+    ]
     assign_lanes(runs)
-    if policy.mode is Mode.FIXED_DELAY:
-        ticks = [r.scheduled_for for r in runs]
-    else:
-        ticks = [i * row.period for i in range(int(HORIZON / row.period) + 1) if i * row.period < HORIZON]
-    return Simulation(runs=runs, ticks=ticks, skips=state.skips, overlaps=state.overlaps)
+    # Every tick in the horizon is one event: run, skipped, coalesced away or still pending.
+    ticks = [timeline.seconds(e.scheduled_for) for e in timeline.events]
+    return Simulation(runs=runs, ticks=ticks, skips=timeline.skips, overlaps=timeline.overlaps)
 
 
 def assign_lanes(runs: list[Run]) -> None:
