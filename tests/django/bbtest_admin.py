@@ -47,8 +47,11 @@ def page(response: Any) -> str:
 
 
 def changelist_names(html: str) -> set[str]:
-    """Primary keys of the rows shown in a changelist (their ``action-select`` checkboxes or links)."""
-    return set(re.findall(r'<th class="field-(?:name|id)"><a href="[^"]*">([^<]+)</a>', html))
+    """Primary keys of the rows shown in a changelist: a schedule's linked name, a run's full id
+    (the run list shows a short id and keeps the whole one in its tooltip)."""
+    names = re.findall(r'<th class="field-name"><a href="[^"]*">([^<]+)</a>', html)
+    ids = re.findall(r'<th class="field-run_id"><a href="[^"]*"><span class="bb-id" title="([^"]+)"', html)
+    return {*names, *ids}
 
 
 def form_data(response: Any) -> dict[str, str]:
@@ -70,3 +73,51 @@ def field_errors(response: Any) -> dict[str, list[str]]:
     """The errors a re-shown admin form carries, by field (``__all__`` for the whole form)."""
     assert response.status_code == 200, response.status_code
     return {k: list(v) for k, v in response.context["adminform"].form.errors.items()}
+
+
+#: A traceback as a worker records it for a failed run (the first line is the summary).
+TRACEBACK = (
+    "ValueError: partner answered 503\n\n"
+    "Traceback (most recent call last):\n"
+    '  File "/app/proj/tasks.py", line 42, in poll_partner\n'
+    "    response.raise_for_status()\n"
+    "ValueError: partner answered 503"
+)
+
+
+def add_history(
+    store: Store, schedule: str, now: datetime, count: int = 30, period: float = 10.0
+) -> list[str]:
+    """``count`` settled runs of ``schedule`` on a ``period`` grid ending at ``now``, deterministic.
+
+    Durations vary around the period so some runs overlap; a few fail (with a traceback) or
+    time out, and the newest is still running: what a busy fixed_rate schedule looks like.
+    """
+    import random
+    from datetime import timedelta
+
+    rng = random.Random(7)
+    ids = []
+    for n in range(count):
+        due = now - timedelta(seconds=period * (count - n))
+        drift = rng.randint(2, 40) if n % 7 else rng.randint(300, 900)
+        started = due + timedelta(milliseconds=drift + rng.randint(5, 60))
+        elapsed = rng.randint(1500, 9000) if n % 9 else rng.randint(11_000, 16_000)
+        state = "failed" if n % 11 == 5 else "timed_out" if n == 17 else "completed"
+        extra: dict[str, Any] = {
+            "published_at": due + timedelta(milliseconds=drift),
+            "started_at": started,
+            "drift_ms": drift,
+            "worker": "celery@worker-1",
+        }
+        if n == count - 1:
+            extra["published_at"] = due
+            state = "started"
+        else:
+            extra.update(finished_at=started + timedelta(milliseconds=elapsed), elapsed_ms=elapsed)
+        if state == "failed":
+            extra["error"] = TRACEBACK
+        elif state == "timed_out":
+            extra["error"] = "SoftTimeLimitExceeded: SoftTimeLimitExceeded()"
+        ids.append(add_run(store, schedule, state, due, **extra))
+    return ids

@@ -50,13 +50,15 @@ def django_settings(database: str, sqlite_path: str) -> dict[str, Any]:
     return {
         "SECRET_KEY": "celery-boundedbeat-tests-only",
         "DEBUG": False,
-        "ALLOWED_HOSTS": ["testserver"],
+        "ALLOWED_HOSTS": ["testserver", "127.0.0.1"],
+        "STATIC_URL": "/static/",
         "INSTALLED_APPS": [
             "django.contrib.admin",
             "django.contrib.auth",
             "django.contrib.contenttypes",
             "django.contrib.sessions",
             "django.contrib.messages",
+            "django.contrib.staticfiles",
             "celery_boundedbeat.contrib.django",
         ],
         "MIDDLEWARE": [

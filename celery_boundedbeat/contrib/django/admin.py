@@ -9,6 +9,7 @@ are read-only (their config owns them). The actions go through
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -16,20 +17,37 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from ...exceptions import BoundedBeatError, ScheduleEndedError
 from ...rows import RUNTIME
 from ...schedules import remove_schedule
 from ...store import Store
 from ...ticks import TriggerRefused
+from .cells import (
+    IDLE_COLOUR,
+    PAUSED_COLOUR,
+    STOPPED_COLOUR,
+    breakable,
+    label,
+    short_id,
+    state_badge,
+    sub,
+    when,
+)
+from .charts import RunPoint, colour, duration_drift_svg, sparkline_svg, timeline_svg
 from .conf import admin_database, celery_app, store
 from .forms import POLICY_FIELDS, ScheduleForm
 from .models import Run, Schedule
+from .readable import describe_timing, format_ms
+from .recent import recent_runs, schedule_runs
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -64,6 +82,17 @@ def _runtime(obj: Model | None) -> bool:
     return obj is None or getattr(obj, "origin", None) == RUNTIME
 
 
+def _when_field(field: str, description: str) -> Callable[[Any, Model], SafeString]:
+    """A read-only display of a datetime column with seconds (Django's default drops them)."""
+
+    @admin.display(description=description, ordering=field)
+    def show(self: Any, obj: Model) -> SafeString:
+        return when(getattr(obj, field))
+
+    shown: Callable[[Any, Model], SafeString] = show
+    return shown
+
+
 class NotRemoved(Exception):
     """``remove_schedule`` refused or found nothing: the delete page says so instead of "deleted"."""
 
@@ -74,13 +103,13 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
         "State",
         {
             "fields": (
-                "paused",
+                "status",
                 "pause_reason",
-                "stopped",
                 "stop_reason",
                 "active_runs",
                 "pending_runs",
-                "next_due_at",
+                "next_due",
+                "last_run",
             )
         },
     ),
@@ -96,11 +125,20 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
                 "last_drift_ms",
                 "last_elapsed_ms",
                 "max_elapsed_ms",
-                "last_finished_at",
+                "last_finished",
             )
         },
     ),
-    ("Timestamps", {"fields": ("version", "created_at", "updated_at")}),
+    ("Timestamps", {"fields": ("version", "created", "updated")}),
+)
+#: The pictures of a schedule's recent runs, on its page above everything else it shows.
+RECENT_FIELDSET: tuple[str, dict[str, Any]] = (
+    "Recent runs",
+    {
+        "fields": ("run_timeline", "run_chart"),
+        "description": "The last runs, oldest left: a pale part from scheduled to started, then the "
+        "state's colour until finished. Hover a bar or point for its times.",
+    },
 )
 #: The form of a runtime schedule (add, and change with ``change_schedule``).
 FORM_FIELDSETS: tuple[tuple[str | None, dict[str, Any]], ...] = (
@@ -130,10 +168,49 @@ FORM_FIELDSETS: tuple[tuple[str | None, dict[str, Any]], ...] = (
 )
 #: What a config schedule, or a user who may only view, sees.
 VIEW_FIELDSETS: tuple[tuple[str | None, dict[str, Any]], ...] = (
-    (None, {"fields": ("name", "defined_in", "task", "mode", "schedule", "period", "origin")}),
+    (None, {"fields": ("name", "defined_in", "task", "mode", "readable_schedule", "origin")}),
     ("Policy and arguments", {"fields": ("policy", "timing", "args", "kwargs", "options")}),
 )
 _STATE_FIELDS = tuple(f for _, options in STATE_FIELDSETS for f in options["fields"])
+
+
+def _page_runs(obj: Schedule) -> list[RunPoint]:
+    """A schedule page's recent runs, read once for both of its pictures."""
+    found: list[RunPoint] | None = getattr(obj, "bb_page_runs", None)
+    if found is None:
+        found = schedule_runs(admin_database(), obj.name)
+        obj.bb_page_runs = found
+    return found
+
+
+def _recent(obj: Schedule) -> list[RunPoint]:
+    """The runs the change list read for this row in its one query; a detail page reads its own."""
+    found: list[RunPoint] | None = getattr(obj, "bb_recent", None)
+    return _page_runs(obj) if found is None else found
+
+
+def _timing(obj: Schedule) -> dict[str, Any] | None:
+    try:
+        value = json.loads(obj.timing) if isinstance(obj.timing, str) else obj.timing
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class ScheduleChangeList(ChangeList):
+    """A page of schedules that reads the recent runs of all its rows in one query.
+
+    The sparkline and last-run columns read what this attached to each row, so a page of
+    100 schedules costs one query for its runs, not 100.
+    """
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows: list[Any] = list(self.result_list)  # type: ignore[has-type]
+        recent = recent_runs(admin_database(), [row.name for row in rows])
+        for row in rows:
+            row.bb_recent = recent.get(row.name, [])
+        self.result_list = rows
 
 
 @admin.register(Schedule)
@@ -145,22 +222,9 @@ class ScheduleAdmin(TablesAdmin):
     """
 
     form = ScheduleForm
-    list_display = (
-        "name",
-        "task",
-        "origin",
-        "mode",
-        "paused",
-        "stopped",
-        "active_runs",
-        "pending_runs",
-        "runs",
-        "failures",
-        "skips",
-        "overlaps",
-        "next_due_at",
-        "run_history",
-    )
+    # Few, stacked columns: with the admin's navigation and filter sidebars open, a 1,400 px
+    # window leaves about 750 px for the table, and nothing may hide behind a scroll bar.
+    list_display = ("name", "task_and_origin", "schedule_and_mode", "last_run", "next_due", "run_history")
     list_filter = ("origin", "mode", "paused", "stopped")
     search_fields = ("name", "task")
     ordering = ("name",)
@@ -172,10 +236,16 @@ class ScheduleAdmin(TablesAdmin):
             return FORM_FIELDSETS
         head = ((None, {"fields": ("name", "defined_in", "task")}), *FORM_FIELDSETS[1:])
         editable = self.has_change_permission(request, obj)
-        return (*(head if editable else VIEW_FIELDSETS), *STATE_FIELDSETS)
+        first, *rest = head if editable else VIEW_FIELDSETS
+        return (first, RECENT_FIELDSET, *rest, *STATE_FIELDSETS)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
-        return () if obj is None else ("name", "defined_in", *_STATE_FIELDS)
+        if obj is None:
+            return ()
+        return ("name", "defined_in", "readable_schedule", *RECENT_FIELDSET[1]["fields"], *_STATE_FIELDS)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ScheduleChangeList
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         """``change_schedule``, and only for a runtime schedule (a config one is changed in its config)."""
@@ -227,10 +297,90 @@ class ScheduleAdmin(TablesAdmin):
             "change it there; the beat that takes the lease applies it. Read-only here."
         )
 
-    @admin.display(description="history")
+    @admin.display(description="runs")
     def run_history(self, obj: Schedule) -> SafeString:
+        """The sparkline of the last runs (a link to all of them) above the counters."""
         url = reverse(f"{self.admin_site.name}:celery_boundedbeat_run_changelist")
-        return format_html('<a href="{}?{}">runs</a>', url, urlencode({"schedule": obj.name}))
+        picture = mark_safe(sparkline_svg(_recent(obj)))  # built from escaped parts
+        return format_html(
+            '<a href="{}?{}" title="all runs of this schedule">{}</a>{}',
+            url,
+            urlencode({"schedule": obj.name}),
+            picture,
+            sub(self.counts(obj)),
+        )
+
+    @admin.display(description="task", ordering="task")
+    def task_and_origin(self, obj: Schedule) -> SafeString:
+        return format_html("{}{}", breakable(obj.task, "."), sub(obj.origin))
+
+    @admin.display(description="schedule", ordering="period")
+    def schedule_and_mode(self, obj: Schedule) -> SafeString:
+        return format_html("{}{}", self.readable_schedule(obj), sub(breakable(obj.mode, "_")))
+
+    @admin.display(description="schedule")
+    def readable_schedule(self, obj: Schedule) -> str:
+        return describe_timing(_timing(obj), obj.period, obj.schedule)
+
+    @admin.display(description="status")
+    def status(self, obj: Schedule) -> SafeString:
+        """Paused or stopped (with why in the tooltip), else what is running and pending."""
+        if obj.paused:
+            return label("paused", PAUSED_COLOUR, obj.pause_reason or "no run is emitted until resumed")
+        if obj.stopped:
+            return label("stopped", STOPPED_COLOUR, f"stopped: {obj.stop_reason or 'stop_schedule()'}")
+        busy = [
+            f"{n} {word}" for n, word in ((obj.active_runs, "running"), (obj.pending_runs, "pending")) if n
+        ]
+        if not busy:
+            return label("idle", IDLE_COLOUR, "no run active or pending")
+        return label(", ".join(busy), colour("started"))
+
+    @admin.display(description="counts")
+    def counts(self, obj: Schedule) -> SafeString:
+        """Completed runs always; failures, skips and overlaps only when there are any."""
+        items = [(obj.runs, "completed", colour("completed"))]
+        for value, word, tint in (
+            (obj.failures, "failed", colour("failed")),
+            (obj.skips, "skipped", "#455a64"),
+            (obj.overlaps, "overlaps", "#455a64"),
+        ):
+            if value:
+                items.append((value, word, tint))
+        return format_html_join(", ", '<span style="color:{2};white-space:nowrap">{0} {1}</span>', items)
+
+    @admin.display(description="last run")
+    def last_run(self, obj: Schedule) -> SafeString:
+        """The newest run's start (or grid time, before it started) and its state."""
+        runs = _recent(obj)
+        if not runs:
+            return format_html("{}", "—")
+        newest = runs[-1]
+        started = when(newest.started_at or newest.scheduled_for, compact=True)
+        return format_html("{}<br>{}", started, state_badge(newest.state))
+
+    @admin.display(description="next due", ordering="next_due_at")
+    def next_due(self, obj: Schedule) -> SafeString:
+        """Paused or stopped instead of a time (the stored one is stale until it resumes), else the
+        time and what is running or pending."""
+        if obj.paused or obj.stopped:
+            return self.status(obj)
+        status = self.status(obj)
+        busy = sub(status) if obj.active_runs or obj.pending_runs else ""
+        return format_html("{}{}", when(obj.next_due_at, compact=True), busy)
+
+    last_finished = _when_field("last_finished_at", "last finished")
+    created = _when_field("created_at", "created")
+    updated = _when_field("updated_at", "updated")
+
+    @admin.display(description="timeline")
+    def run_timeline(self, obj: Schedule) -> SafeString:
+        now = datetime.now(UTC)
+        return mark_safe(timeline_svg(_page_runs(obj), now=now, zone=timezone.get_current_timezone()))
+
+    @admin.display(description="duration and drift")
+    def run_chart(self, obj: Schedule) -> SafeString:
+        return mark_safe(duration_drift_svg(_page_runs(obj), zone=timezone.get_current_timezone()))
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Pausing, resuming and triggering need ``celery_boundedbeat.operate_schedule``."""
@@ -299,19 +449,22 @@ class ScheduleAdmin(TablesAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
+    """The run history: read-only, newest first, every time with seconds and states in colour."""
+
     list_display = (
-        "id",
-        "schedule",
+        "run_id",
+        "schedule_link",
         "task",
-        "state",
-        "scheduled_for",
-        "started_at",
-        "finished_at",
-        "elapsed_ms",
-        "drift_ms",
+        "state_label",
+        "scheduled",
+        "started",
+        "finished",
+        "duration",
+        "drift",
         "worker",
         "short_error",
     )
+    list_display_links = ("run_id",)
     list_filter = ("state", "schedule")
     search_fields = ("id", "schedule", "task", "error")
     date_hierarchy = "scheduled_for"
@@ -319,23 +472,61 @@ class RunAdmin(ReadOnlyAdmin):
     list_per_page = 100
     actions = None
     fieldsets = (
-        (None, {"fields": ("id", "schedule", "task", "state", "worker")}),
+        (None, {"fields": ("id", "schedule_link", "task", "state_label", "worker")}),
         (
             "Timeline",
-            {
-                "fields": (
-                    "scheduled_for",
-                    "enqueued_at",
-                    "published_at",
-                    "started_at",
-                    "finished_at",
-                    "elapsed_ms",
-                    "drift_ms",
-                )
-            },
+            {"fields": ("scheduled", "enqueued", "published", "started", "finished", "duration", "drift")},
         ),
-        ("Error", {"fields": ("error",)}),
+        ("Error", {"fields": ("error_text",)}),
     )
+    readonly_fields = (
+        "schedule_link",
+        "state_label",
+        "scheduled",
+        "enqueued",
+        "published",
+        "started",
+        "finished",
+        "duration",
+        "drift",
+        "error_text",
+    )
+
+    scheduled = _when_field("scheduled_for", "scheduled for")
+    enqueued = _when_field("enqueued_at", "enqueued")
+    published = _when_field("published_at", "published")
+    started = _when_field("started_at", "started")
+    finished = _when_field("finished_at", "finished")
+
+    @admin.display(description="run", ordering="id")
+    def run_id(self, obj: Run) -> SafeString:
+        return short_id(obj.id)
+
+    @admin.display(description="schedule", ordering="schedule")
+    def schedule_link(self, obj: Run) -> SafeString:
+        url = reverse(
+            f"{self.admin_site.name}:celery_boundedbeat_schedule_change", args=[quote(obj.schedule)]
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.schedule)
+
+    @admin.display(description="state", ordering="state")
+    def state_label(self, obj: Run) -> SafeString:
+        return state_badge(obj.state)
+
+    @admin.display(description="duration", ordering="elapsed_ms")
+    def duration(self, obj: Run) -> str:
+        return format_ms(obj.elapsed_ms)
+
+    @admin.display(description="drift", ordering="drift_ms")
+    def drift(self, obj: Run) -> str:
+        return format_ms(obj.drift_ms)
+
+    @admin.display(description="error")
+    def error_text(self, obj: Run) -> SafeString | str:
+        """The whole error, traceback included, as preformatted text."""
+        if not obj.error:
+            return "—"
+        return format_html('<pre class="bb-error" style="white-space:pre-wrap;margin:0">{}</pre>', obj.error)
 
     @admin.display(description="error", ordering="error")
     def short_error(self, obj: Run) -> str:
