@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import signals
 from .enums import MissedTicks, Mode, RunState, StopReason
 from .exceptions import (
     BoundedBeatError,
@@ -39,6 +40,7 @@ __all__ = [
     "history",
     "install",
     "remove_schedule",
+    "signals",
     "snapshot",
     "stop_schedule",
     "update_schedule",

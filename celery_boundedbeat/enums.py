@@ -78,3 +78,18 @@ class StopReason(StrEnum):
     def ended(self) -> bool:
         """Whether the schedule reached the end its policy gave it (``resume`` refuses it)."""
         return self is not StopReason.STOP_SCHEDULE
+
+
+class AlertKind(StrEnum):
+    """A transition an application may alert on; each is one signal in :mod:`~.signals`."""
+
+    #: ``boundedbeat_failing_threshold`` counted failures in a row (``schedule_failing``).
+    FAILING = "schedule_failing"
+    #: The first completed run after the schedule was announced failing (``schedule_recovered``).
+    RECOVERED = "schedule_recovered"
+    #: A tick dropped missed ticks: ``skips`` rose (``ticks_dropped``).
+    TICKS_DROPPED = "ticks_dropped"
+    #: A run settled ``lost``: its worker died (``run_lost``).
+    RUN_LOST = "run_lost"
+    #: A run settled ``timed_out``: it passed ``max_run_time`` (``run_timed_out``).
+    RUN_TIMED_OUT = "run_timed_out"

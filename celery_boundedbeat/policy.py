@@ -30,8 +30,13 @@ POLICY_KEYS = frozenset(
         "end_at",
         "max_runs",
         "pause_on_failure",
+        "keep_runs",
+        "keep_for",
     }
 )
+#: Retention keys, stored only when set: a schedule without them keeps the digest it had
+#: before they existed, so an upgrade does not count every config schedule as changed.
+RETENTION_KEYS = ("keep_runs", "keep_for")
 
 Problem = tuple[str, str, str]
 
@@ -55,6 +60,11 @@ class Policy:
     max_runs: int | None = None
     #: Pause after this many consecutive failed, timed-out or lost runs.
     pause_on_failure: int | None = None
+    #: Retention: keep at most this many settled runs of the schedule in the history.
+    keep_runs: int | None = None
+    #: Retention: delete settled runs finished longer ago than this many seconds (instead of
+    #: the global ``boundedbeat_retention_days``).
+    keep_for: float | None = None
 
     @property
     def limit(self) -> int:
@@ -65,8 +75,8 @@ class Policy:
         return 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with the contract's key names."""
-        return {
+        """A JSON-ready dict with the contract's key names (retention keys only when set)."""
+        data: dict[str, Any] = {
             "mode": self.mode.value,
             "missed_ticks": self.missed_ticks.value,
             "max_pending": self.max_pending,
@@ -78,6 +88,10 @@ class Policy:
             "max_runs": self.max_runs,
             "pause_on_failure": self.pause_on_failure,
         }
+        for key in RETENTION_KEYS:
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Policy:
@@ -93,6 +107,8 @@ class Policy:
             end_at=None if data.get("end_at") is None else datetime.fromisoformat(data["end_at"]),
             max_runs=data.get("max_runs"),
             pause_on_failure=data.get("pause_on_failure"),
+            keep_runs=data.get("keep_runs"),
+            keep_for=data.get("keep_for"),
         )
 
     @property
@@ -246,6 +262,8 @@ def parse_policy(
     end_at = read.instant("end_at")
     max_runs = read.positive_int("max_runs")
     pause_on_failure = read.positive_int("pause_on_failure")
+    keep_runs = read.positive_int("keep_runs")
+    keep_for = read.duration("keep_for", allow_zero=False)
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
@@ -262,6 +280,8 @@ def parse_policy(
         end_at=end_at,
         max_runs=max_runs,
         pause_on_failure=pause_on_failure,
+        keep_runs=keep_runs,
+        keep_for=keep_for,
     )
     return policy, []
 

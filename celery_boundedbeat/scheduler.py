@@ -33,6 +33,7 @@ from typing import Any
 from celery import Celery, beat
 from sqlalchemy import Engine
 
+from .alerts import on_ticked
 from .definitions import Resolver, config_definitions
 from .dispatch import Dispatcher
 from .engine import get_engine
@@ -45,8 +46,17 @@ from .migrate import require_current, upgrade
 from .notify import Listener
 from .policy import Definition
 from .redact import driver_reason, mask_url, scrub
-from .runtime import BackgroundLoop, IterationRecord, IterationRecorder
+from .retention import purge_pass
+from .runtime import (
+    BackgroundLoop,
+    Iteration,
+    IterationRecord,
+    IterationRecorder,
+    OutageLog,
+    run_recorded_iteration,
+)
 from .settings import Settings
+from .signals import send as send_signals
 from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
@@ -60,7 +70,8 @@ EX_UNAVAILABLE = 69
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
     """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
 
-    #: Retention and the cleanup of silent workers' heartbeat rows run hourly.
+    #: The cleanup of silent workers' heartbeat rows runs hourly (retention has its own
+    #: ``boundedbeat_retention_interval``).
     retention_every: float = 3600.0
     #: Reaper passes per heartbeat interval: a dead worker's run settles ``lost`` at most
     #: 3 1/3 intervals after its last heartbeat (10 s with the default 3 s interval).
@@ -84,7 +95,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._write_record, logger=logger, is_outage=is_outage, label="beat "
         )
         self._next_reap_at = 0.0
-        self._next_retention_at = 0.0
+        #: Retention passes, on a thread of their own so a long purge never delays a tick.
+        self._retention_loop: BackgroundLoop | None = None
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
         self._closed = False
@@ -136,7 +148,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             logger.critical("%s", exc)
             raise SystemExit(EX_CONFIG) from None
         self._resolver = Resolver(self.app, self._config)
-        self._store = Store(self._prepare_database(settings.database_url, settings.should_auto_migrate))
+        self._store = Store(
+            self._prepare_database(settings.database_url, settings.should_auto_migrate),
+            failing_threshold=settings.failing_threshold,
+        )
         self._lease = LeaseKeeper(
             self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
         )
@@ -154,6 +169,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
+        self._retention_loop = BackgroundLoop("boundedbeat-retention", self._run_retention)
+        self._retention_loop.start()
         if self._store.is_postgres:
             self._listener = Listener(
                 settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL], self._on_notify
@@ -220,6 +237,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._log_tick(result)
             if result.emitted and self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
+            send_signals(on_ticked(result.outcomes, now))  # the tick has committed
         self._housekeep(mono, now)
         self._wait(self._next_wait(result, wait))
         return 0
@@ -268,11 +286,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         return result
 
     def _housekeep(self, mono: float, now: datetime) -> None:
-        """The leader's periodic chores: the reaper, silent workers' rows, retention."""
+        """The leader's periodic chores: the reaper, the alert signals, silent workers' rows."""
         if mono >= self._next_reap_at:
             self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
             if mono >= self._reap_not_before:
                 self._reap(now)
+            self._send_alerts(now)
         if mono >= self._next_housekeeping_at:
             self._next_housekeeping_at = mono + self.retention_every
             silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
@@ -280,12 +299,49 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 self.store.forget_silent_workers(now - timedelta(seconds=silent))
             except Exception as exc:
                 self._failed("worker row cleanup", exc, now)
-        if self.settings.retention_days is not None and mono >= self._next_retention_at:
-            self._next_retention_at = mono + self.retention_every
-            try:
-                self.store.purge(now - timedelta(days=self.settings.retention_days))
-            except Exception as exc:
-                self._failed("retention purge", exc, now)
+
+    def _send_alerts(self, now: datetime) -> None:
+        """Send the alert signals settles wrote (workers' and the reaper's), once each."""
+        try:
+            alerts = self.store.take_alerts()
+        except Exception as exc:
+            self._failed("alerts", exc, now)
+            return
+        self._succeeded("alerts")
+        send_signals(alerts)
+
+    def _run_retention(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
+        """Retention passes every ``retention_interval`` while this beat holds the lease."""
+        outage = OutageLog(logger, "retention purge")
+        while not shutdown.is_set():
+            wait = self.settings.retention_interval
+            if self.lease.acting():
+                run_recorded_iteration(
+                    "retention purge", lambda: self._purge(shutdown), logger, self._recorder.record, outage
+                )
+            else:
+                wait = min(wait, self.settings.lease_renew_interval)
+            wakeup.wait(wait)
+            wakeup.clear()
+
+    def _purge(self, shutdown: threading.Event) -> Iteration:
+        """One pass (:func:`~.retention.purge_pass`), stopped between batches by shutdown or the lease."""
+        purged = purge_pass(
+            self.store.engine,
+            utcnow(),
+            retention_days=self.settings.retention_days,
+            may_go=lambda: not shutdown.is_set() and self.lease.acting(),
+        )
+        if purged.total:
+            logger.info(
+                "celery_boundedbeat: retention deleted %d run(s): %d by keep_runs, %d by keep_for, "
+                "%d by boundedbeat_retention_days",
+                purged.total,
+                purged.by_count,
+                purged.by_age,
+                purged.global_age,
+            )
+        return Iteration(has_activity=purged.total > 0)
 
     def _next_wait(self, result: TickResult | None, wait: float) -> float:
         """Seconds until the next reason to look: a due schedule, the lease, the reaper."""
@@ -395,6 +451,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
+            if self._retention_loop is not None:
+                self._retention_loop.wake()  # a pass as soon as this beat leads
         elif event is LeaseEvent.TAKEN:
             logger.warning("celery_boundedbeat: another beat took the beat lease; standing by")
         elif event is LeaseEvent.STANDING_BY:
@@ -420,6 +478,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         grace = self.settings.shutdown_grace if self._settings else 1.0
         if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
+        if self._retention_loop is not None and not self._retention_loop.stop(grace):
+            logger.warning("celery_boundedbeat: retention did not stop within %g s; abandoning it", grace)
         if self._listener is not None:
             self._listener.stop()
         if self._metrics is not None:

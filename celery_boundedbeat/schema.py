@@ -91,6 +91,9 @@ class ScheduleRow(Base):
     pause_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: Failed, timed-out or lost runs since the last completed one (``pause_on_failure``).
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    #: When ``schedule_failing`` was announced; ``None`` while not failing (``schedule_recovered``
+    #: clears it). Kept apart from the streak, which ``resume`` resets.
+    failing_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     stopped: Mapped[bool] = mapped_column(Boolean, default=False)
     active_runs: Mapped[int] = mapped_column(Integer, default=0)
@@ -201,6 +204,27 @@ class IterationRow(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class AlertRow(Base):
+    """An alert signal to send, written with the change it announces (internal).
+
+    The settle or tick that makes a transition writes its row in the same transaction, in
+    whichever process that is (a worker, the reaper); the beat holding the lease takes the
+    rows out and sends the signals after that commit (:mod:`~celery_boundedbeat.signals`).
+    """
+
+    __tablename__ = "boundedbeat_alerts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    schedule: Mapped[str] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    run_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 metadata = Base.metadata

@@ -26,6 +26,7 @@ _POSITIVE = frozenset(
         "lease_ttl",
         "lease_renew_interval",
         "metrics_refresh_interval",
+        "retention_interval",
     }
 )
 #: The highest TCP port (``metrics_port``; 0 lets the system pick a free one).
@@ -71,6 +72,11 @@ class Settings:
     shutdown_grace: float = 10.0
     #: Delete finished runs older than this many days (``None`` keeps everything).
     retention_days: float | None = None
+    #: Seconds between two retention passes (global ``retention_days`` and the per-schedule
+    #: ``keep_runs`` / ``keep_for`` policy keys), run by the lease holder off the tick thread.
+    retention_interval: float = 3600.0
+    #: ``schedule_failing`` is sent when this many counted failures come in a row.
+    failing_threshold: int = 1
     #: Most schedules handled in one tick transaction.
     tick_batch_size: int = 1000
     #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.

@@ -38,6 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from .alertlog import note_settle, take
+from .alerts import Alert
 from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
 from .enums import ACTIVE_STATES, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
@@ -204,8 +206,11 @@ def _emission_rows(
 class Store:
     """The state database. Stateless apart from the engine; safe to share between threads."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, failing_threshold: int = 1) -> None:
         self.engine = engine
+        #: ``boundedbeat_failing_threshold``: a settle that makes the failure streak this long
+        #: announces the schedule failing (:func:`~celery_boundedbeat.alerts.on_settled`).
+        self.failing_threshold = failing_threshold
         self.is_postgres = engine.dialect.name == "postgresql"
         #: Without LISTEN/NOTIFY, completions are noticed by polling.
         self.is_sqlite_like = not self.is_postgres
@@ -675,7 +680,15 @@ class Store:
             return None
         s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
         self._free_slot(
-            s, run.schedule, state, elapsed, now=now, stop=stop, rng=rng or random.Random(), run_id=run_id
+            s,
+            run.schedule,
+            state,
+            elapsed,
+            now=now,
+            stop=stop,
+            rng=rng or random.Random(),
+            run_id=run_id,
+            error=error,
         )
         return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
@@ -690,8 +703,9 @@ class Store:
         stop: bool,
         rng: random.Random,
         run_id: str,
+        error: str | None = None,
     ) -> None:
-        """Count a settled run on its schedule and free its slot (``on_settle``)."""
+        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts."""
         row = s.get(ScheduleRow, schedule, with_for_update=True)
         if row is None:
             return
@@ -708,6 +722,16 @@ class Store:
         )
         if new.pause_reason is not None and row.pause_reason is None:
             logger.warning("celery_boundedbeat: %s paused itself: %s", schedule, new.pause_reason)
+        note_settle(
+            s,
+            row,
+            run_id=run_id,
+            outcome=outcome,
+            error=error,
+            streak=new.consecutive_failures,
+            threshold=self.failing_threshold,
+            now=now,
+        )
         apply_state(row, new, now)
         row.last_finished_at = now
         self._notify(s, SETTLED_CHANNEL, schedule)
@@ -846,6 +870,10 @@ class Store:
                     return total
                 s.execute(delete(RunRow).where(RunRow.id.in_(ids)))
                 total += len(ids)
+
+    def take_alerts(self) -> list[Alert]:
+        """The oldest alerts to send, removed in their own committed transaction."""
+        return take(self.engine)
 
     # -- leases --------------------------------------------------------------------
 

@@ -102,7 +102,9 @@ class Tracker:
 
     @property
     def store(self) -> Store:
-        return Store(get_engine(self.settings.database_url))
+        return Store(
+            get_engine(self.settings.database_url), failing_threshold=self.settings.failing_threshold
+        )
 
     @property
     def process(self) -> str:

@@ -22,12 +22,23 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "decisions",
         "pure: values in, values out; no SQL, Celery or Django",
-        ("redact", "runtime", "timing", "settings", "policy", "ticks", "messages"),
+        ("redact", "runtime", "timing", "settings", "policy", "ticks", "alerts", "messages"),
     ),
     (
         "sql",
         "SQLAlchemy and Alembic: transactions, no Celery",
-        ("schema", "faults", "engine", "migrate", "rows", "catalog", "store", "notify"),
+        (
+            "schema",
+            "faults",
+            "engine",
+            "migrate",
+            "rows",
+            "catalog",
+            "alertlog",
+            "retention",
+            "store",
+            "notify",
+        ),
     ),
     (
         "coordination",
@@ -47,6 +58,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "receivers",
             "reports",
             "outbox",
+            "signals",
         ),
     ),
     ("beat", "the celery.beat contract and housekeeping", ("scheduler",)),

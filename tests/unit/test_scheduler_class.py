@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,7 +36,7 @@ def test_the_lazy_banner_scheduler_does_no_io_and_hides_the_password() -> None:
 
 
 def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -> None:
-    """With boundedbeat_retention_days set, a beat tick deletes settled runs older than that."""
+    """With boundedbeat_retention_days set, the lease holder's retention thread deletes older settled runs."""
     app = _app(
         sqlite_url,
         boundedbeat_retention_days=1,
@@ -61,8 +62,11 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
         emitted = store.tick({"keep": spec}, old, rng, 10).emitted
         assert len(emitted) == 1
         store.settle_run(emitted[0].id, RunState.COMPLETED, now=old + timedelta(seconds=1))
-        scheduler.tick()
-        assert store.run(emitted[0].id) is None, "the old settled run is purged"
+        scheduler.tick()  # takes the lease, which wakes the retention thread
+        deadline = time.monotonic() + 10
+        while store.run(emitted[0].id) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.run(emitted[0].id) is None, "the old settled run is purged off the tick thread"
         fresh = [r for r in store.runs(name="keep") if r.id != emitted[0].id]
         assert fresh, "the tick itself still emitted the current run"
         assert all(r.enqueued_at > old for r in fresh)

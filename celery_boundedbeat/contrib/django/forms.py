@@ -56,8 +56,10 @@ POLICY_FIELDS = (
     "end_at",
     "max_runs",
     "pause_on_failure",
+    "keep_runs",
+    "keep_for",
 )
-SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter"})
+SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter", "keep_for"})
 
 _BLANK = ("", "(default policy)")
 
@@ -186,6 +188,10 @@ class ScheduleForm(forms.ModelForm):
     pause_on_failure = forms.IntegerField(
         required=False, help_text="Pause after this many failed, timed-out or lost runs in a row."
     )
+    keep_runs = forms.IntegerField(
+        required=False, help_text="Retention: keep at most this many settled runs in the history."
+    )
+    keep_for = _seconds("Keep for (seconds)", "Retention: settled runs older than this are deleted.")
 
     class Meta:
         model = Schedule
