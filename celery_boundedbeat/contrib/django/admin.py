@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
+from django.db import DatabaseError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -43,6 +44,7 @@ from .cells import (
     when,
 )
 from .charts import RunPoint, colour, duration_drift_svg, sparkline_svg, timeline_svg
+from .checks import check_tables
 from .conf import admin_database, celery_app, store
 from .forms import POLICY_FIELDS, ScheduleForm
 from .models import Run, Schedule
@@ -62,6 +64,18 @@ class TablesAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(admin_database())
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """A database without the tables sends the user to the admin index saying what to run."""
+        try:
+            return super().changelist_view(request, extra_context)
+        except DatabaseError:
+            problems = check_tables()
+            if not problems:
+                raise
+            for problem in problems:
+                self.message_user(request, f"{problem.msg} {problem.hint or ''}", messages.ERROR)
+            return HttpResponseRedirect(reverse(f"{self.admin_site.name}:index"))
 
 
 class ReadOnlyAdmin(TablesAdmin):
