@@ -767,8 +767,8 @@ def test_config_rows_written_in_bulk_equal_a_schedule_added_alone(store: Store) 
         "policy": {"mode": "fixed_delay", "initial_delay": 7, "jitter": 2},
         "task": "proj.same",
     }
-    config = Definition.of(spec("bulk", 30, **awkward), {"kind": "interval", "seconds": 30.0})
-    single = Definition.of(spec("single", 30, **awkward), {"kind": "interval", "seconds": 30.0})
+    config = Definition.of(spec("bulk", 30, **awkward), {"kind": "interval", "every": 30.0})
+    single = Definition.of(spec("single", 30, **awkward), {"kind": "interval", "every": 30.0})
     store.sync_config([config], T0, random.Random(9))
     assert store.add_schedule(single, T0, random.Random(9))
     bulk_row, single_row = row(store, "bulk"), row(store, "single")
