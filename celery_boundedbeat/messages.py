@@ -7,8 +7,10 @@ cut, so the three sides cannot drift apart.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 from .policy import Policy
@@ -22,6 +24,8 @@ SCHEDULED_FOR_HEADER = "boundedbeat_scheduled_for"
 
 #: The longest error text kept in a row (runs, queue rows, iterations).
 MAX_ERROR_CHARS = 4000
+#: Marks a traceback whose first frames were cut to fit :data:`MAX_ERROR_CHARS`.
+TRACEBACK_CUT = "[... traceback cut ...]\n"
 
 
 def message_options(
@@ -71,6 +75,23 @@ def error_text(exc: BaseException | None) -> str:
     if exc is None:
         return "unknown error"
     return clip_error(f"{type(exc).__name__}: {exc}")
+
+
+def error_with_traceback(exc: BaseException | None, tb: TracebackType | None = None) -> str:
+    """``Type: message``, then the traceback, cut to what a row keeps.
+
+    The first line stays the one-line summary lists and the CLI show; when the whole text is
+    too long, the traceback's middle goes, since its last frames say where it raised.
+    """
+    head = error_text(exc)
+    tb = tb if tb is not None else getattr(exc, "__traceback__", None)
+    if exc is None or tb is None:
+        return head
+    body = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    room = MAX_ERROR_CHARS - len(head) - len(TRACEBACK_CUT) - 2
+    if len(body) > room:
+        body = TRACEBACK_CUT + body[-max(room, 0) :]
+    return clip_error(f"{head}\n\n{body}")
 
 
 def parse_scheduled_for(value: object) -> datetime | None:

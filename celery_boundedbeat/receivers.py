@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
 from celery import Celery, signals
@@ -28,6 +29,7 @@ from .messages import (
     SCHEDULE_HEADER,
     SCHEDULED_FOR_HEADER,
     error_text,
+    error_with_traceback,
     parse_scheduled_for,
 )
 from .tracking import Tracker
@@ -138,7 +140,11 @@ def _on_success(sender: Any = None, result: Any = None, **_: Any) -> None:
 
 @_guard("task_failure")
 def _on_failure(
-    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    traceback: TracebackType | None = None,
+    **_: Any,
 ) -> None:
     # In a prefork parent (hard time limit, a child that died) the task has no request
     # context: the run is found from the message the parent received.
@@ -146,11 +152,11 @@ def _on_failure(
     if tracker is None or run_id is None:
         return
     if isinstance(exception, SoftTimeLimitExceeded | TimeLimitExceeded):
-        tracker.settle(run_id, RunState.TIMED_OUT, error_text(exception))
+        tracker.settle(run_id, RunState.TIMED_OUT, error_with_traceback(exception, traceback))
     elif isinstance(exception, WorkerLostError):
         tracker.settle(run_id, RunState.LOST, "worker process died: " + error_text(exception))
     else:
-        tracker.settle(run_id, RunState.FAILED, error_text(exception))
+        tracker.settle(run_id, RunState.FAILED, error_with_traceback(exception, traceback))
 
 
 @_guard("task_postrun")

@@ -62,7 +62,10 @@ def test_error_texts_the_database_cannot_store_settle_failed_escaped(bb: Harness
     expected = {"nul": f"ValueError: {nul}", "surrogate": f"ValueError: {surrogate}"}
     for run in first_failures():
         assert run.state == "failed", run.short()
-        assert run.error == expected[run.schedule], (run.error, run.short())
+        assert run.error is not None, run.short()
+        summary, _, trace = run.error.partition("\n\n")
+        assert summary == expected[run.schedule], (run.error, run.short())
+        assert trace.startswith("Traceback (most recent call last):"), run.error
         assert run.started_at is not None and run.finished_at is not None, run.short()
     assert "\\x00" in expected["nul"] and "\\udce9" in expected["surrogate"]
     for name in ("nul", "surrogate"):
