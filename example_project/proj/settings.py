@@ -40,7 +40,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-# The read-only admin over the run history (guarded so the demo runs without it).
+# The admin over the schedules and the run history (guarded so the demo runs without it).
 if _importable("celery_boundedbeat.contrib.django"):
     INSTALLED_APPS.append("celery_boundedbeat.contrib.django")
 

@@ -181,7 +181,9 @@ def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     path = screenshot(browser, "admin-schedule-timeline.png", capsys)
     docs = os.environ.get("BOUNDEDBEAT_DOCS_SCREENSHOT")
     if docs:
-        fieldset = browser.find_element(By.XPATH, "//fieldset[.//svg[contains(@class, 'bb-timeline')]]")
+        fieldset = browser.execute_script(
+            "return document.querySelector('svg.bb-timeline').closest('fieldset')"
+        )
         browser.execute_script("arguments[0].scrollIntoView()", fieldset)
         assert fieldset.screenshot(docs), docs
     assert path.stat().st_size > 10_000

@@ -4,7 +4,8 @@ Setup::
 
     INSTALLED_APPS = [..., "django.contrib.admin", "celery_boundedbeat.contrib.django"]
 
-* Tables: created by ``celery -A proj boundedbeat migrate`` (Alembic). The models are
+* Tables: created by ``manage.py boundedbeat_migrate`` or ``celery -A proj boundedbeat migrate``
+  (Alembic); ``manage.py check`` warns (W002) while they are missing. The models are
   unmanaged and the app ships no Django migrations, so ``manage.py migrate`` and
   ``makemigrations --check`` leave them alone.
 * Database: without ``CELERY_BOUNDEDBEAT_DATABASE_URL``, beat, the CLI and the admin all use

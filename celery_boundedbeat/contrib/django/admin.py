@@ -305,7 +305,7 @@ class ScheduleAdmin(TablesAdmin):
     @admin.display(description="defined in")
     def defined_in(self, obj: Schedule) -> str:
         if obj.origin == RUNTIME:
-            return "Added at runtime (add_schedule(), celery boundedbeat add, or this admin)."
+            return "Added at runtime (add_schedule(), celery -A proj boundedbeat add, or this admin)."
         return (
             "beat_schedule in the beat's Celery config (CELERY_BEAT_SCHEDULE in Django settings): "
             "change it there; the beat that takes the lease applies it. Read-only here."
