@@ -115,7 +115,7 @@ class Publisher:
             expired = False
             # Room for every command a chunk can need (a queue with an expiry adds a command per
             # priority step): nothing is flushed before the chunk is complete.
-            with producer.batch(max_size=PUBLISH_CHUNK * 16):
+            with _publish_batch(producer):
                 for row in batch[start : start + PUBLISH_CHUNK]:
                     if monotonic() >= deadline:
                         expired = True
@@ -195,6 +195,12 @@ class Publisher:
         if not ignore_result:
             batch.backend.on_task_call(producer, row.task_id)
         amqp.send_task_message(producer, row.task, message, headers=headers, retry=False, **options)
+
+
+def _publish_batch(producer: Any) -> Any:
+    """kombu's publish batch (kombu 5.7 and later); message by message with older kombu."""
+    batch = getattr(producer, "batch", None)
+    return nullcontext() if batch is None else batch(max_size=PUBLISH_CHUNK * 16)
 
 
 def _wants_confirms(app: Celery) -> bool:
