@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import NoSuchModuleError
 
 from .exceptions import ConfigurationError
 from .redact import mask_url, scrub
@@ -41,6 +42,45 @@ def _sqlite_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _refused(url: str, what: str, detail: str) -> ConfigurationError:
+    """An unusable URL as the configuration error it is (never "unreachable"), password masked."""
+    reason = f"{what} ({mask_url(url)}): {scrub(detail, url)}"
+    return ConfigurationError([("settings", "boundedbeat_database_url", reason)])
+
+
+def _create(url: str) -> Engine:
+    """A new engine; a URL that cannot be parsed, or names a dialect or driver not installed, is refused.
+
+    SQLAlchemy loads the dialect and imports its driver here, before any connection: a typo in
+    the scheme or a driver missing from the environment is a configuration error to fix, not
+    an outage to retry (beat exits 78 naming the setting; the CLI says the URL is invalid).
+    """
+    try:
+        parsed = normalize_url(url)
+    except Exception as exc:  # SQLAlchemy's parse errors may quote the whole URL
+        raise _refused(url, "not a valid SQLAlchemy URL", str(exc)) from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+            _sqlite_setup(engine)
+            return engine
+        # A database that drops packets must not hang beat or a worker forever, and a
+        # frozen leader must not keep schedule rows locked: bound both on the server.
+        return create_engine(
+            parsed,
+            pool_pre_ping=True,
+            pool_size=5,
+            max_overflow=5,
+            connect_args={
+                "connect_timeout": 10,
+                "options": "-c idle_in_transaction_session_timeout=60000",
+            },
+        )
+    except (NoSuchModuleError, ImportError) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        raise _refused(url, "no SQLAlchemy dialect or driver installed for it", detail) from None
+
+
 def get_engine(url: str) -> Engine:
     """The engine for ``url`` in this process (a forked child gets its own)."""
     key = (os.getpid(), url)
@@ -50,27 +90,7 @@ def get_engine(url: str) -> Engine:
     with _lock:
         engine = _engines.get(key)
         if engine is None:
-            try:
-                parsed = normalize_url(url)
-            except Exception as exc:  # SQLAlchemy's parse errors may quote the whole URL
-                reason = f"not a valid SQLAlchemy URL ({mask_url(url)}): {scrub(str(exc), url)}"
-                raise ConfigurationError([("settings", "boundedbeat_database_url", reason)]) from None
-            if parsed.get_backend_name() == "sqlite":
-                engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
-                _sqlite_setup(engine)
-            else:
-                # A database that drops packets must not hang beat or a worker forever, and a
-                # frozen leader must not keep schedule rows locked: bound both on the server.
-                engine = create_engine(
-                    parsed,
-                    pool_pre_ping=True,
-                    pool_size=5,
-                    max_overflow=5,
-                    connect_args={
-                        "connect_timeout": 10,
-                        "options": "-c idle_in_transaction_session_timeout=60000",
-                    },
-                )
+            engine = _create(url)
             _engines[key] = engine
         return engine
 

@@ -169,8 +169,8 @@ def _verdict(
 
 def database_failure(url: str, exc: BaseException, now: datetime, bounds: Bounds) -> Health:
     """The verdict when the read failed: the masked URL and the driver's reason, one line."""
-    if isinstance(exc, BoundedBeatError):  # an invalid URL: its text names it, masked
-        return _verdict(Problem.DATABASE, scrub(str(exc), url), now, BeatState(), bounds)
+    if isinstance(exc, BoundedBeatError):  # an invalid URL: its text names it, masked, on one line
+        return _verdict(Problem.DATABASE, " ".join(scrub(str(exc), url).split()), now, BeatState(), bounds)
     # SQLite reports a missing table as an OperationalError, the class of outages.
     if is_outage(exc) and "no such table" not in str(getattr(exc, "orig", exc)):
         what = f"cannot reach the database {mask_url(url)}"

@@ -21,8 +21,9 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
+from .engine import get_engine
 from .enums import RunState
-from .exceptions import NotInScheduledRunError
+from .exceptions import BoundedBeatError, NotInScheduledRunError
 from .messages import (
     MAX_RUN_TIME_HEADER,
     RUN_HEADER,
@@ -32,6 +33,8 @@ from .messages import (
     error_with_traceback,
     parse_scheduled_for,
 )
+from .redact import driver_reason, mask_url, scrub
+from .settings import Settings
 from .tracking import Tracker
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
@@ -243,6 +246,50 @@ def _on_shutdown(**_: Any) -> None:
         tracker.shutdown()
 
 
+def database_problem(app: Celery) -> str | None:
+    """Why this process cannot write runs to the database right now (one line, masked), or None.
+
+    One connection and ``SELECT 1``: whether the database answers, not whether it is migrated
+    (on SQLite beat migrates it, possibly after the worker started).
+    """
+    try:
+        url = Settings.from_conf(app.conf).database_url
+    except BoundedBeatError as exc:
+        return " ".join(str(exc).split())
+    try:
+        with get_engine(url).connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except BoundedBeatError as exc:  # an invalid URL: its text names it
+        return " ".join(scrub(str(exc), url).split())
+    except Exception as exc:
+        return f"cannot reach the database {mask_url(url)}: {driver_reason(exc, url)}"
+    return None
+
+
+def _warn_if_unusable(app: Celery) -> None:
+    problem = database_problem(app)
+    if problem is not None:
+        logger.warning(
+            "celery_boundedbeat: this worker cannot record its runs: %s (tracking retries until the "
+            "database answers)",
+            problem,
+        )
+
+
+@_guard("worker_ready")
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Say once, at start, when runs cannot be recorded: the first run would only say it later.
+
+    On its own thread: a database that drops packets takes the connect timeout (10 s) to
+    answer, and the consumer must not wait for it.
+    """
+    app = getattr(sender, "app", None)
+    for tracked in [app] if app in _trackers else list(_trackers):
+        threading.Thread(
+            target=_warn_if_unusable, args=(tracked,), name="boundedbeat-db-check", daemon=True
+        ).start()
+
+
 _RECEIVERS: list[tuple[Any, Any]] = [
     (signals.task_received, _on_received),
     (signals.task_prerun, _on_prerun),
@@ -255,6 +302,7 @@ _RECEIVERS: list[tuple[Any, Any]] = [
     (signals.task_internal_error, _on_internal_error),
     (signals.worker_process_shutdown, _on_shutdown),
     (signals.worker_shutdown, _on_shutdown),
+    (signals.worker_ready, _on_worker_ready),
 ]
 
 
