@@ -15,13 +15,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime
 from time import monotonic
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.utils.nodenames import anon_nodename
+from kombu.messaging import Producer
 
 from .store import Claimed
 
@@ -31,6 +34,9 @@ logger = logging.getLogger("celery_boundedbeat.dispatch")
 
 #: The error of a batch cut short because its claim may have passed to another dispatcher.
 CLAIM_EXPIRED = "the batch's claim expired before it was published (the dispatcher was paused)"
+
+#: Celery's signals sent around each publish: with receivers, messages are not recorded ahead.
+_PUBLISH_SIGNALS = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
 
 #: Messages per flush of kombu's publish batch (see ``Publisher._publish_rows``).
 PUBLISH_CHUNK = 100
@@ -59,7 +65,7 @@ class Publisher:
         return self._confirming is not None
 
     def publish(
-        self, batch: list[Claimed], *, deadline: float = math.inf
+        self, batch: list[Claimed], *, deadline: float = math.inf, ready: Mapping[int, Ready] | None = None
     ) -> tuple[list[Claimed], str | None]:
         """Publish a batch; return the rows the broker took and the error that stopped it.
 
@@ -70,6 +76,9 @@ class Publisher:
         another dispatcher: no message is published after it (the error is
         :data:`CLAIM_EXPIRED`). A process frozen mid-batch (SIGSTOP, a long pause) thus never
         goes on to publish rows that another dispatcher re-claimed and published meanwhile.
+
+        ``ready`` holds messages built ahead by :meth:`prepare` (by queue row id): those rows
+        only need the broker write.
         """
         publisher = self._confirming
         done: list[Claimed] = []
@@ -83,7 +92,7 @@ class Publisher:
             else:
                 producing = self.app.producer_or_acquire()
             with producing as producer:
-                expired = self._publish_rows(producer, batch, cache, deadline, done)
+                expired = self._publish_rows(producer, batch, cache, deadline, done, ready or {})
             if publisher is not None:
                 sent = len(done)
                 done = publisher.accepted(first_tag, done, wait=True)
@@ -98,7 +107,13 @@ class Publisher:
         return done, CLAIM_EXPIRED if expired else None
 
     def _publish_rows(
-        self, producer: Any, batch: list[Claimed], cache: _BatchCache, deadline: float, done: list[Claimed]
+        self,
+        producer: Any,
+        batch: list[Claimed],
+        cache: _BatchCache,
+        deadline: float,
+        done: list[Claimed],
+        ready: Mapping[int, Ready],
     ) -> bool:
         """Publish chunk after chunk, appending each flushed chunk to ``done``; True when the
         deadline cut it short.
@@ -120,7 +135,11 @@ class Publisher:
                     if monotonic() >= deadline:
                         expired = True
                         break
-                    self._publish_row(producer, row, cache, declared)
+                    built = ready.get(row.id)
+                    if built is None:
+                        self._publish_row(producer, row, cache, declared)
+                    else:
+                        self._deliver(producer, built, cache)
                     chunk.append(row)
             done.extend(chunk)
             if expired:
@@ -128,12 +147,7 @@ class Publisher:
         return False
 
     def _publish_row(self, producer: Any, row: Claimed, cache: _BatchCache, declared: set[str]) -> None:
-        options: dict[str, Any] = dict(row.options)
-        # Declare each destination once per batch, not once per message.
-        route = repr(options.get("queue"))
-        if route in declared:
-            options.setdefault("declare", [])
-        declared.add(route)
+        options = self._options(row, declared)
         if _NEEDS_SEND_TASK.isdisjoint(options):
             self._send(producer, row, options, cache)
             return
@@ -154,15 +168,57 @@ class Publisher:
         if self._confirming is not None:
             self._confirming.close()
 
+    def prepare(self, batch: list[Claimed]) -> dict[int, Ready]:
+        """Build the messages of ``batch`` ahead of publishing them (by queue row id).
+
+        Everything ``send_task`` does before the broker write: routing, the task's options, the
+        protocol 2 message. Rows that need ``send_task`` itself (delayed delivery) are left out
+        and go through it when published. Publish signals are sent at the publish, not here.
+        """
+        cache = _BatchCache(self.app)
+        declared: set[str] = set()
+        built: dict[int, Ready] = {}
+        recorder = self._recorder()
+        for row in batch:
+            options = self._options(row, declared)
+            if _NEEDS_SEND_TASK.isdisjoint(options):
+                ready = built[row.id] = self._build(row, options, cache)
+                if recorder is not None:
+                    ready.wire = recorder.record(self.app, ready)
+        return built
+
+    def _recorder(self) -> _Recorder | None:
+        """A stand-in producer that runs ``send_task_message`` ahead up to the broker write.
+
+        Only where that run has no effect of its own: no receiver of Celery's publish signals
+        (they must be sent at the publish) and no ``task-sent`` events (they are messages too).
+        """
+        if self._sent_event or any(s.receivers for s in _PUBLISH_SIGNALS):
+            return None
+        with self.app.producer_or_acquire() as producer:
+            return _Recorder(producer)
+
+    def _options(self, row: Claimed, declared: set[str]) -> dict[str, Any]:
+        options: dict[str, Any] = dict(row.options)
+        # Declare each destination once per batch, not once per message.
+        route = repr(options.get("queue"))
+        if route in declared:
+            options.setdefault("declare", [])
+        declared.add(route)
+        return options
+
     def _send(self, producer: Any, row: Claimed, options: dict[str, Any], batch: _BatchCache) -> None:
-        """Publish one message the way ``app.send_task`` does, minus its per-call overhead.
+        """Publish one message the way ``app.send_task`` does, minus its per-call overhead."""
+        self._deliver(producer, self._build(row, options, batch), batch)
+
+    def _build(self, row: Claimed, options: dict[str, Any], batch: _BatchCache) -> Ready:
+        """The message ``app.send_task`` would publish for ``row``, and its publish options.
 
         Same routing (the task's own options, ``task_routes``), same message (protocol 2 with
-        ``task_id`` = run id, expiry and time limits), same publish signals. Delayed messages
-        (``eta``/``countdown``) go through ``send_task`` itself (see ``_NEEDS_SEND_TASK``).
+        ``task_id`` = run id, expiry and time limits). Delayed messages (``eta``/``countdown``)
+        go through ``send_task`` itself (see ``_NEEDS_SEND_TASK``).
         """
         app = self.app
-        amqp = app.amqp
         task_type, defaults = batch.task(row.task)
         if defaults:
             options = dict(defaults, **options)
@@ -178,7 +234,7 @@ class Publisher:
         if expires is not None:
             # The broker drops the message at expiry too (AMQP ``expiration``), as send_task does.
             options["expiration"] = _seconds_until(expires, app)
-        message = amqp.create_task_message(
+        message = app.amqp.create_task_message(
             row.task_id,
             row.task,
             row.args,
@@ -192,9 +248,81 @@ class Publisher:
             origin=batch.origin,
             **options,
         )
-        if not ignore_result:
-            batch.backend.on_task_call(producer, row.task_id)
-        amqp.send_task_message(producer, row.task, message, headers=headers, retry=False, **options)
+        return Ready(
+            task=row.task,
+            task_id=row.task_id,
+            message=message,
+            options=options,
+            headers=headers,
+            tracked=not ignore_result,
+        )
+
+    def _deliver(self, producer: Any, ready: Ready, batch: _BatchCache) -> None:
+        """The broker write of a built message, with Celery's publish signals."""
+        if ready.tracked:
+            batch.backend.on_task_call(producer, ready.task_id)
+        if ready.wire is not None:
+            args, kwargs = ready.wire
+            producer._publish(*args, **kwargs)  # what Producer.publish passes on, recorded ahead
+            return
+        self.app.amqp.send_task_message(
+            producer, ready.task, ready.message, headers=ready.headers, retry=False, **ready.options
+        )
+
+
+@dataclass(slots=True)
+class Ready:
+    """A message built ahead (:meth:`Publisher.prepare`): only its broker write is left."""
+
+    task: str
+    task_id: str
+    #: Celery's ``task_message`` (headers, properties, body, sent event).
+    message: Any
+    #: Routing and publish options for ``send_task_message``.
+    options: dict[str, Any]
+    headers: Any
+    #: Whether the result backend hears of the task (``on_task_call``), as ``send_task`` does.
+    tracked: bool
+    #: The serialized message as kombu's ``Producer.publish`` hands it to ``Producer._publish``
+    #: (channel message, declares, broker write), recorded by :class:`_Recorder`; ``None``:
+    #: ``send_task_message`` runs at the publish.
+    wire: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+
+class _Recording(Producer):
+    """A kombu producer that keeps what ``publish`` would write instead of writing it."""
+
+    recorded: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def _publish(self, *args: Any, **kwargs: Any) -> None:
+        self.recorded = (args, kwargs)
+
+
+class _Recorder:
+    """Runs Celery's ``send_task_message`` and kombu's ``Producer.publish`` ahead of time.
+
+    Everything up to the broker write happens here, in the libraries' own code: routing,
+    delivery mode, serialization, headers and properties. The publish later replays the
+    recorded call on the real producer (its channel message, declares and write), so the
+    message is the one ``send_task`` sends (``tests/dispatch/test_message_parity.py``).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = _Recording(  # type: ignore[no-untyped-call]
+            None,
+            exchange=producer.exchange,
+            routing_key=producer.routing_key,
+            serializer=producer.serializer,
+            compression=producer.compression,
+            auto_declare=False,
+        )
+
+    def record(self, app: Celery, ready: Ready) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        self._producer.recorded = None
+        app.amqp.send_task_message(
+            self._producer, ready.task, ready.message, headers=ready.headers, retry=False, **ready.options
+        )
+        return self._producer.recorded
 
 
 def _publish_batch(producer: Any) -> Any:

@@ -127,14 +127,22 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["built at publish", "built ahead"])
 @pytest.mark.parametrize("confirms", [False, True], ids=["pooled producer", "confirming channel"])
 @pytest.mark.parametrize(("label", "task", "options", "lands_on"), CASES, ids=[c[0] for c in CASES])
 def test_publisher_sends_what_send_task_sends(
-    names: dict[str, str], label: str, task: str, options: dict[str, Any], lands_on: str, confirms: bool
+    names: dict[str, str],
+    label: str,
+    task: str,
+    options: dict[str, Any],
+    lands_on: str,
+    confirms: bool,
+    ahead: bool,
 ) -> None:
     """One row through ``Publisher``, the same row through ``send_task``: identical messages.
 
-    Also with ``confirm_publish``, where ``Publisher`` publishes on its own confirming channel.
+    Also with ``confirm_publish``, where ``Publisher`` publishes on its own confirming channel,
+    and with the messages built ahead by ``Publisher.prepare`` (a prepared tick).
     """
     app = make_app(names, confirms=confirms)
     options = {k: (v.format(**names) if isinstance(v, str) else v) for k, v in options.items()}
@@ -144,10 +152,19 @@ def test_publisher_sends_what_send_task_sends(
 
     # Twice in one batch: the second message takes the cached route.
     twin = claimed(task, options)
+    twin.id = 2
+    ready = publisher.prepare([row, twin]) if ahead else None
+    assert ready is None or set(ready) == {row.id, twin.id}
+    # No publish-signal receivers here: the whole send_task_message path ran ahead.
+    assert ready is None or all(r.wire is not None for r in ready.values())
+    build = app.amqp.create_task_message
+    if ahead:  # built ahead means built: publishing must not build them again
+        app.amqp.create_task_message = None
     try:
-        done, error = publisher.publish([row, twin])
+        done, error = publisher.publish([row, twin], ready=ready)
     finally:
         publisher.close()
+        app.amqp.create_task_message = build
     assert error is None and len(done) == 2, error
     ours = received(names[lands_on])
     ours_again = received(names[lands_on])
@@ -188,3 +205,34 @@ def test_custom_exchange_and_routing_key(names: dict[str, str]) -> None:
     theirs = received(names["bound"])
     assert ours == theirs
     assert (ours["exchange"], ours["routing_key"]) == (names["exchange"], "reports.daily")
+
+
+def test_messages_built_ahead_send_the_publish_signals_at_the_publish(names: dict[str, str]) -> None:
+    """With a receiver of Celery's publish signals, nothing is sent while building ahead: the
+    signals come with the broker write, once per message."""
+    from celery import signals
+
+    app = make_app(names)
+    heard: list[tuple[str, str]] = []
+
+    def before(headers: dict[str, Any], **_: Any) -> None:
+        heard.append(("before", headers["id"]))
+
+    def after(headers: dict[str, Any], **_: Any) -> None:
+        heard.append(("after", headers["id"]))
+
+    signals.before_task_publish.connect(before, weak=False)
+    signals.after_task_publish.connect(after, weak=False)
+    try:
+        rows = [claimed("proj.plain", {}), claimed("proj.plain", {})]
+        rows[1].id = 2
+        publisher = Publisher(app, confirm_timeout=10)
+        ready = publisher.prepare(rows)
+        assert heard == [] and all(r.wire is None for r in ready.values())
+        done, error = publisher.publish(rows, ready=ready)
+    finally:
+        signals.before_task_publish.disconnect(before)
+        signals.after_task_publish.disconnect(after)
+    assert error is None and done == rows
+    assert heard == [(kind, r.task_id) for r in rows for kind in ("before", "after")]
+    assert received(names["default"])["headers"]["id"] == rows[0].task_id
