@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from .engine import normalize_url
 from .redact import mask_url
@@ -12,9 +15,10 @@ from .redact import mask_url
 logger = logging.getLogger("celery_boundedbeat")
 
 
-#: How often the listening thread looks at its stop flag: it bounds how long ``stop()`` (and
-#: so beat's exit on SIGTERM) waits; an idle wakeup costs one poll() call.
-STOP_CHECK_EVERY = 0.2
+#: Longest wait for a notification before the thread looks at its connection again. ``stop()``
+#: does not wait for it: it wakes the thread through a pipe, so beat exits at once on SIGTERM
+#: while an idle listener wakes up once a minute instead of five times a second.
+IDLE_WAIT = 60.0
 
 
 class Listener:
@@ -25,16 +29,38 @@ class Listener:
         self._channels = channels
         self._on_notify = on_notify
         self._stop = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="boundedbeat-listen", daemon=True)
+        #: Whether notifications arrive now (LISTEN is set up); while not, callers poll.
+        self.listening = False
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, grace: float = 2.0) -> bool:
         """Ask the thread to end; returns whether it did within ``grace`` seconds."""
+        if self._wake_write < 0:
+            return True  # stopped already
         self._stop.set()
-        self._thread.join(grace)
-        return not self._thread.is_alive()
+        os.write(self._wake_write, b"x")
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(grace)
+        if self._thread.is_alive():
+            return False
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+        self._wake_read = self._wake_write = -1
+        return True
+
+    def _deliver(self, conn: Any) -> None:
+        """Hand on notifications as they arrive, until ``stop()``; raises when the connection breaks."""
+        while not self._stop.is_set():
+            readable, _, _ = select.select([conn.fileno(), self._wake_read], [], [], IDLE_WAIT)
+            if self._wake_read in readable:
+                return
+            # Something came in (or the connection broke: notifies() then raises).
+            for note in conn.notifies(timeout=0):
+                self._on_notify(note.channel, note.payload)
 
     def _conninfo(self) -> str:
         return normalize_url(self._url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -51,13 +77,13 @@ class Listener:
                     if failures:
                         logger.warning("celery_boundedbeat: LISTEN reconnected to %s", mask_url(self._url))
                     failures = 0
+                    self.listening = True
                     # A reconnect may have missed notifications: let everyone look once.
                     for channel in self._channels:
                         self._on_notify(channel, "")
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=STOP_CHECK_EVERY):
-                            self._on_notify(note.channel, note.payload)
+                    self._deliver(conn)
             except Exception as exc:
+                self.listening = False
                 failures += 1
                 if failures == 1:
                     logger.warning(

@@ -33,6 +33,8 @@ from typing import Any
 from celery import Celery, beat
 from sqlalchemy import Engine
 
+from .ahead import AheadTicker
+from .alertlog import TAKE_BATCH
 from .alerts import on_ticked
 from .definitions import Resolver, config_definitions
 from .dispatch import Dispatcher
@@ -60,6 +62,9 @@ from .signals import send as send_signals
 from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
+
+#: Seconds between two looks an idle beat does whatever its notifications said (a backstop).
+FULL_LOOK_EVERY = 60.0
 
 #: Exit status when the configuration is invalid (EX_CONFIG).
 EX_CONFIG = 78
@@ -90,11 +95,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._wake = threading.Event()
         self._dispatch_loop: BackgroundLoop | None = None
         self._dispatcher: Dispatcher | None = None
+        #: Ticks prepared before they are due (PostgreSQL with the in-beat dispatcher).
+        self._ahead: AheadTicker | None = None
         self._listener: Listener | None = None
         self._recorder = IterationRecorder(
             self._write_record, logger=logger, is_outage=is_outage, label="beat "
         )
         self._next_reap_at = 0.0
+        self._next_full_reap_at = 0.0
         #: Retention passes, on a thread of their own so a long purge never delays a tick.
         self._retention_loop: BackgroundLoop | None = None
         self._reap_not_before = 0.0
@@ -104,6 +112,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._metrics: MetricsExporter | None = None
         #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
         self._reconciled = False
+        #: What an idle beat on PostgreSQL may skip (:meth:`_must_tick`, :meth:`_housekeep`):
+        #: the earliest due time the last tick saw and whether anything may have changed since
+        #: (a notification, a new lease term, a failed tick); whether runs may be active (the
+        #: reaper's work) and whether settles may have left alerts to send.
+        self._known_due: datetime | None = None
+        self._stale = True
+        self._runs_may_be_active = True
+        self._alerts_may_wait = True
+        #: Monotonic time of the next look done whatever the above say (a backstop).
+        self._next_full_look_at = 0.0
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
 
@@ -169,6 +187,15 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
+            if self._store.is_postgres and settings.prepare_ahead > 0:
+                self._ahead = AheadTicker(
+                    self.app,
+                    self._store,
+                    settings,
+                    self._resolver,
+                    claimer=self._dispatcher.name,
+                    still_leading=self._lease.acting,
+                )
         self._retention_loop = BackgroundLoop("boundedbeat-retention", self._run_retention)
         self._retention_loop.start()
         if self._store.is_postgres:
@@ -218,6 +245,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         else:
             if channel == SCHEDULES_CHANNEL and payload and self._resolver is not None:
                 self._resolver.forget(payload)
+            if channel == SETTLED_CHANNEL:
+                self._alerts_may_wait = True
+            self._stale = True
             self._wake.set()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -225,22 +255,80 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if self._store is None or self._lease is None:
             return float(self.max_interval)
         mono = time.monotonic()
-        wait = min(
-            self.settings.poll_interval if self.store.is_sqlite_like else self.max_interval, self.max_interval
-        )
+        wait = min(self.settings.poll_interval if self._polling else self.max_interval, self.max_interval)
         if not self._keep_lease() or not self._reconcile():
             self._wait(max(0.05, min(wait, self.lease.seconds_to_renewal())))
             return 0
         now = utcnow()
-        result = self._emit_due(now)
-        if result is not None:
-            self._log_tick(result)
-            if result.emitted and self._dispatch_loop is not None:
-                self._dispatch_loop.wake()
-            send_signals(on_ticked(result.outcomes, now))  # the tick has committed
+        if self._must_tick(now, mono):
+            result = self._emit_due(now)
+            self._stale = result is None
+            if result is not None:
+                self._known_due = result.next_due_at
+                self._log_tick(result)
+                if result.emitted:
+                    self._runs_may_be_active = True
+                    if self._dispatch_loop is not None:
+                        self._dispatch_loop.wake()
+                send_signals(on_ticked(result.outcomes, now))  # the tick has committed
+        else:
+            result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
         self._housekeep(mono, now)
-        self._wait(self._next_wait(result, wait))
+        wait = self._next_wait(result, wait)
+        if not self._tick_ahead(result, wait):
+            self._wait(wait)
         return 0
+
+    @property
+    def _polling(self) -> bool:
+        """Whether changes must be looked for (SQLite, or while LISTEN is down) rather than heard."""
+        return self.store.is_sqlite_like or self._listener is None or not self._listener.listening
+
+    def _must_tick(self, now: datetime, mono: float) -> bool:
+        """Whether a tick transaction can find anything to do.
+
+        On PostgreSQL every change that can make a schedule due sooner (a settle, a trigger, a
+        pause, resume, add or update) sends a notification; without one since the last tick,
+        nothing is due before the due time that tick saw, and an idle beat stays off the
+        database. A look every minute whatever is the backstop.
+        """
+        if self._polling or self._stale or mono >= self._next_full_look_at:
+            self._next_full_look_at = mono + FULL_LOOK_EVERY
+            return True
+        return self._known_due is not None and self._known_due <= now
+
+    def _tick_ahead(self, result: TickResult | None, wait: float) -> bool:
+        """Prepare the next tick if it falls due within ``wait`` (:mod:`.prepared`).
+
+        Sleeps until ``prepare_ahead`` before the due time, prepares, and at the due time
+        commits and publishes. Returns whether it took the wait over: then the beat looks again
+        at once (for the due schedules that were not certain enough to prepare).
+        """
+        ahead = self._ahead
+        due = None if result is None else result.next_due_at
+        if ahead is None or due is None or ahead.lead <= 0:
+            return False
+        until = (due - utcnow()).total_seconds()
+        if until <= 0 or until - ahead.lead > wait:
+            return False
+        if until > ahead.lead and self._wake.wait(until - ahead.lead):
+            self._wake.clear()  # something changed meanwhile: look again first
+            return True
+        try:
+            prepared, failed = ahead.run(due)
+        except Exception as exc:
+            self._failed("prepared tick", exc, utcnow())
+            return True
+        if prepared is None:
+            self._wait(max(0.0, (due - utcnow()).total_seconds()))
+            return True
+        self._succeeded("prepared tick")
+        self._stale = self._runs_may_be_active = True  # the rest due at ``due`` is looked at now
+        self._log_tick(prepared)
+        send_signals(on_ticked(prepared.outcomes, due))
+        if failed and self._dispatch_loop is not None:
+            self._dispatch_loop.wake()
+        return True
 
     def _reconcile(self) -> bool:
         """Once per lease taken: bring the schedule rows in line with ``beat_schedule``.
@@ -289,9 +377,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """The leader's periodic chores: the reaper, the alert signals, silent workers' rows."""
         if mono >= self._next_reap_at:
             self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
-            if mono >= self._reap_not_before:
+            backstop = mono >= self._next_full_reap_at
+            if backstop:
+                self._next_full_reap_at = mono + FULL_LOOK_EVERY
+            if mono >= self._reap_not_before and (self._runs_may_be_active or backstop):
                 self._reap(now)
-            self._send_alerts(now)
+            if self._alerts_may_wait or self._polling or backstop:
+                self._send_alerts(now)
         if mono >= self._next_housekeeping_at:
             self._next_housekeeping_at = mono + self.retention_every
             silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
@@ -308,6 +400,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._failed("alerts", exc, now)
             return
         self._succeeded("alerts")
+        self._alerts_may_wait = len(alerts) >= TAKE_BATCH  # a full batch: more may wait
         send_signals(alerts)
 
     def _run_retention(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
@@ -381,6 +474,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _reap(self, now: datetime) -> None:
         try:
+            if not self.store.has_active_runs():
+                # Only this beat's ticks make runs active: nothing to reap until it emits again.
+                self._runs_may_be_active = False
+                self._succeeded("reap")
+                return
             settled = self.store.reap(
                 now,
                 heartbeat_interval=self.settings.heartbeat_interval,
@@ -391,6 +489,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._failed("reap", exc, now)
             return
         self._succeeded("reap")
+        if settled:
+            self._alerts_may_wait = True  # a lost or timed-out run may have left an alert
         for run in settled:
             logger.warning(
                 "celery_boundedbeat: run %s of %s settled %s by the reaper",
@@ -448,6 +548,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if event is not LeaseEvent.STANDING_BY:
             self._reconciled = False  # the next holder term starts with a reconcile
         if event is LeaseEvent.GAINED:
+            # Another beat's runs and changes made before this term: look at everything once.
+            self._stale = self._runs_may_be_active = self._alerts_may_wait = True
             logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()

@@ -29,6 +29,8 @@ _POSITIVE = frozenset(
         "retention_interval",
     }
 )
+#: The longest ``prepare_ahead``: a prepared tick holds its schedules' row locks that long.
+MAX_PREPARE_AHEAD = 5.0
 #: The highest TCP port (``metrics_port``; 0 lets the system pick a free one).
 _MAX_PORT = 65535
 
@@ -79,6 +81,11 @@ class Settings:
     failing_threshold: int = 1
     #: Most schedules handled in one tick transaction.
     tick_batch_size: int = 1000
+    #: PostgreSQL: seconds before a due time the beat writes that tick (uncommitted) and builds
+    #: its messages, so at the due instant only the commit and the broker writes are left
+    #: (:mod:`~celery_boundedbeat.prepared`); 0 turns it off. Changes to those schedules made
+    #: within this lead wait for the commit.
+    prepare_ahead: float = 0.5
     #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.
     metrics_port: int | None = None
     #: The address the metrics endpoint binds to (loopback: nothing outside the host sees it).
@@ -155,6 +162,9 @@ def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
             return None, f"must be a number of seconds >= 0, got {raw!r}"
         if name in _POSITIVE and raw == 0:
             return None, "must be > 0 seconds, got 0"
+        if name == "prepare_ahead" and raw > MAX_PREPARE_AHEAD:
+            # Its locks are held that long: a settle or a pause of those schedules waits as long.
+            return None, f"must be at most {MAX_PREPARE_AHEAD:g} seconds, got {raw!r}"
         return float(raw), None
     return raw, None
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     any_,
     case,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -161,7 +162,7 @@ class Settled:
     elapsed_ms: int | None
 
 
-def _emission_rows(
+def emission_rows(
     spec: EntrySpec, schedule: str, emission: Emission, now: datetime, expires_after: float | None
 ) -> tuple[dict[str, Any], dict[str, Any], EmittedRun]:
     """The run row, the queue row and the log record of one emitted run (``task_id`` = run id)."""
@@ -318,7 +319,7 @@ class Store:
                 apply_state(row, outcome.state, now)
                 result.outcomes[row.name] = outcome
                 for emission in outcome.emit:
-                    run, queued, emitted = _emission_rows(spec, row.name, emission, now, expires_after)
+                    run, queued, emitted = emission_rows(spec, row.name, emission, now, expires_after)
                     run_rows.append(run)
                     queue_rows.append(queued)
                     result.emitted.append(emitted)
@@ -818,6 +819,13 @@ class Store:
             if done:
                 settled.append(done)
         return settled
+
+    def has_active_runs(self) -> bool:
+        """Whether any run is queued, published or started (one index probe): what the reaper
+        looks at; without any, an idle beat leaves it until it emits again."""
+        with self.engine.connect() as conn:
+            found = conn.scalar(select(exists().where(RunRow.state.in_([s.value for s in ACTIVE_STATES]))))
+        return bool(found)
 
     def _reapable(
         self, now: datetime, heartbeat_interval: float, start_timeout: float

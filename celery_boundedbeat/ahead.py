@@ -1,0 +1,106 @@
+"""The beat's side of prepared ticks: prepare ahead, build the messages, commit and publish at due.
+
+:mod:`~celery_boundedbeat.prepared` writes the tick in a transaction held open until its due
+time; here the beat builds the messages of its runs meanwhile (:meth:`Publisher.prepare`),
+waits for the due instant, commits, and publishes them at once under the claim of its own
+dispatcher, then marks them published. A run whose message the broker did not take goes back
+to the queue for the dispatcher loop, exactly as a run it had claimed itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from celery import Celery
+
+from .dispatch import claim_margin
+from .prepared import PreparedTick, Resolve, prepare_tick
+from .publish import Publisher, Ready
+from .settings import Settings
+from .store import Store, TickResult, utcnow
+
+logger = logging.getLogger("celery_boundedbeat.beat")
+
+
+class AheadTicker:
+    """Ticks prepared ``settings.prepare_ahead`` seconds before they are due (PostgreSQL only)."""
+
+    def __init__(
+        self,
+        app: Celery,
+        store: Store,
+        settings: Settings,
+        resolve: Resolve,
+        *,
+        claimer: str,
+        still_leading: Callable[[], bool],
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.resolve = resolve
+        self.claimer = claimer
+        self.still_leading = still_leading
+        self._publisher = Publisher(app, confirm_timeout=settings.dispatch_claim_timeout / 2)
+        self._rng = random.Random()
+
+    @property
+    def lead(self) -> float:
+        return self.settings.prepare_ahead if self.store.is_postgres else 0.0
+
+    def run(self, due: datetime) -> tuple[TickResult | None, bool]:
+        """Prepare the tick at ``due``, wait for it, commit and publish.
+
+        Returns the committed tick (``None`` if nothing was certain enough to prepare) and
+        whether a message failed to publish (the dispatcher loop then retries it).
+        """
+        prepared = prepare_tick(
+            self.store,
+            self.resolve,
+            due,
+            self.settings.tick_batch_size,
+            claimer=self.claimer,
+            claim_timeout=self.settings.dispatch_claim_timeout,
+            expires_after=self.settings.start_timeout,
+            rng=self._rng,
+        )
+        if prepared is None:
+            return None, False
+        try:
+            ready = self._publisher.prepare(prepared.claimed)
+            _sleep_until(due)
+            if not self.still_leading():
+                prepared.abandon()
+                return None, False
+            # The claim is counted from the commit: the publish must end before it expires.
+            timeout = self.settings.dispatch_claim_timeout
+            deadline = time.monotonic() + timeout - claim_margin(timeout)
+            prepared.commit()
+        except BaseException:
+            prepared.abandon()
+            raise
+        return prepared.result, self._publish(prepared, ready, deadline)
+
+    def _publish(self, prepared: PreparedTick, ready: dict[int, Ready], deadline: float) -> bool:
+        done, error = self._publisher.publish(prepared.claimed, deadline=deadline, ready=ready)
+        self._publisher.close()
+        try:
+            self.store.mark_published(self.claimer, done, utcnow())
+            if error is not None:
+                accepted = {row.id for row in done}
+                left = [row for row in prepared.claimed if row.id not in accepted]
+                self.store.release_claims(self.claimer, left, error)
+        except Exception:
+            # The claims expire and the dispatcher takes the rows over (same task ids).
+            logger.warning("celery_boundedbeat: recording a prepared tick's publish failed", exc_info=True)
+            return True
+        return error is not None
+
+
+def _sleep_until(due: datetime) -> None:
+    """Until the wall clock reads ``due``: never a moment before (nothing is published early)."""
+    while (left := (due - utcnow()).total_seconds()) > 0:
+        time.sleep(left)

@@ -1,0 +1,202 @@
+"""Ticks prepared before they are due: at the due instant only a commit and the broker writes are left.
+
+A tick of a thousand schedules costs a few hundred milliseconds of SQL and message building;
+done at the due instant, every run of the tick is published that much late. On PostgreSQL the
+beat instead opens the tick's transaction ``boundedbeat_prepare_ahead`` seconds before the due
+time ``due`` and, in it:
+
+1. picks the schedules due by ``due`` whose outcome cannot change before ``due``: the policy
+   emits their tick and nothing is left waiting, skipped or coalesced (a slot only frees up
+   before ``due``, so a schedule whose slots are free now is certain to run; one that waits
+   on a busy slot is left to the tick at ``due``, which decides it then);
+2. locks just those rows, decides them as of ``due`` and writes their runs and queue rows,
+   the queue rows already claimed by this beat's dispatcher (no other dispatcher takes them);
+3. holds the transaction open, uncommitted, until ``due``: until then nothing of it is
+   visible, and nobody can change the locked schedules; a pause, an update or a finished run
+   of one of them waits for the commit and takes effect from the next tick on.
+
+At ``due`` the transaction commits and the prepared messages go to the broker; nothing is
+ever published before its due time. If the beat dies or the commit fails, nothing was written:
+the tick at ``due`` does the work as without preparing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from .catalog import chunks
+from .policy import EntrySpec
+from .rows import apply_state, state_of
+from .schema import QueueRow, RunRow, ScheduleRow
+from .store import Claimed, Store, TickResult, emission_rows
+from .ticks import ScheduleState, TickOutcome, on_due
+
+Resolve = Callable[[ScheduleRow], EntrySpec | None]
+
+
+def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
+    """Whether a tick decided now ends the same whenever it is decided until its due time.
+
+    Slots only free up in the meantime (only the lease holder starts runs): an outcome that
+    emits without skipping, coalescing or keeping anything waiting is the outcome at the due
+    time too. Queued triggers compete for slots, so their schedules are never prepared.
+    """
+    return (
+        bool(outcome.emit)
+        and outcome.skipped == 0
+        and not outcome.coalesced
+        and not outcome.state.pending
+        and not before.triggers
+        and not outcome.state.triggers
+    )
+
+
+@dataclass(kw_only=True)
+class PreparedTick:
+    """A tick written ahead, in a transaction left open until its due time."""
+
+    due: datetime
+    session: Session
+    result: TickResult
+    #: The queue rows of the emitted runs, claimed by ``claimer`` until the claim expires.
+    claimed: list[Claimed] = field(default_factory=list)
+
+    def commit(self) -> None:
+        """Make the tick visible (call at ``due``, not before)."""
+        try:
+            self.session.commit()
+        finally:
+            self.session.close()
+
+    def abandon(self) -> None:
+        """Drop everything the preparation wrote; the tick at ``due`` does the work instead."""
+        try:
+            self.session.rollback()
+        finally:
+            self.session.close()
+
+
+def prepare_tick(
+    store: Store,
+    resolve: Resolve,
+    due: datetime,
+    limit: int,
+    *,
+    claimer: str,
+    claim_timeout: float,
+    expires_after: float | None = None,
+    rng: random.Random | None = None,
+) -> PreparedTick | None:
+    """Write the certain part of the tick at ``due``, uncommitted; ``None`` when nothing is certain.
+
+    Only on PostgreSQL: SQLite has one writer at a time, so a transaction held open for the
+    lead would stop every other writer (workers, the API) for as long.
+    """
+    if not store.is_postgres:
+        return None
+    rng = rng or random.Random()
+    session = Session(store.engine, expire_on_commit=False)
+    session.begin()
+    try:
+        prepared = _prepare(session, resolve, due, limit, claimer, claim_timeout, expires_after, rng)
+    except BaseException:
+        session.rollback()
+        session.close()
+        raise
+    if prepared is None:
+        session.rollback()
+        session.close()
+    return prepared
+
+
+def _due_rows(due: datetime) -> Any:
+    return select(ScheduleRow).where(
+        ScheduleRow.next_due_at <= due,
+        ScheduleRow.paused.is_(False),
+        ScheduleRow.stopped.is_(False),
+    )
+
+
+def _candidates(
+    session: Session, resolve: Resolve, due: datetime, limit: int, rng: random.Random
+) -> list[str]:
+    """The due schedules whose tick is certain, read without locking anything."""
+    names = []
+    query = _due_rows(due).order_by(ScheduleRow.next_due_at).limit(limit)
+    for row in session.scalars(query):
+        spec = resolve(row)
+        if spec is None:
+            continue
+        state = state_of(row)
+        if certain(state, on_due(spec.policy, spec.timing, state, due, rng)):
+            names.append(row.name)
+    session.expunge_all()  # the locked read below loads them afresh
+    return names
+
+
+def _prepare(
+    session: Session,
+    resolve: Resolve,
+    due: datetime,
+    limit: int,
+    claimer: str,
+    claim_timeout: float,
+    expires_after: float | None,
+    rng: random.Random,
+) -> PreparedTick | None:
+    names = _candidates(session, resolve, due, limit, rng)
+    if not names:
+        return None
+    result = TickResult(now=due)
+    run_rows: list[dict[str, Any]] = []
+    queue_rows: list[dict[str, Any]] = []
+    for part in chunks(names):
+        # SKIP LOCKED: a row another transaction holds (a settle, a pause) is left to the tick at ``due``.
+        locked = _due_rows(due).where(ScheduleRow.name.in_(part)).with_for_update(skip_locked=True)
+        for row in session.scalars(locked):
+            spec = resolve(row)
+            if spec is None:
+                continue
+            state = state_of(row)
+            outcome = on_due(spec.policy, spec.timing, state, due, rng)
+            if not certain(state, outcome):
+                continue  # changed since it was read: locked, untouched, decided at ``due``
+            apply_state(row, outcome.state, due)
+            result.outcomes[row.name] = outcome
+            for emission in outcome.emit:
+                run, queued, emitted = emission_rows(spec, row.name, emission, due, expires_after)
+                run_rows.append(run)
+                queue_rows.append(queued)
+                result.emitted.append(emitted)
+    if not run_rows:
+        return None
+    session.flush()
+    session.execute(insert(RunRow), run_rows)
+    until = due + timedelta(seconds=claim_timeout)
+    for queued in queue_rows:
+        queued.update(claimed_by=claimer, claimed_until=until, attempts=1)
+    ids = session.execute(
+        insert(QueueRow).returning(QueueRow.id, sort_by_parameter_order=True), queue_rows
+    ).scalars()
+    claimed = [_claimed(queue_id, queued) for queue_id, queued in zip(ids, queue_rows, strict=True)]
+    return PreparedTick(due=due, session=session, result=result, claimed=claimed)
+
+
+def _claimed(queue_id: int, queued: dict[str, Any]) -> Claimed:
+    return Claimed(
+        id=queue_id,
+        run_id=queued["run_id"],
+        task_id=queued["task_id"],
+        task=queued["task"],
+        args=queued["args"],
+        kwargs=queued["kwargs"],
+        options=queued["options"],
+        due_at=queued["due_at"],
+    )

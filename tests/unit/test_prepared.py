@@ -1,0 +1,167 @@
+"""Ticks prepared before they are due (PostgreSQL): invisible until committed, only certain outcomes."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from celery_boundedbeat.engine import dispose_all, get_engine
+from celery_boundedbeat.entries import parse_entry
+from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.policy import EntrySpec
+from celery_boundedbeat.prepared import prepare_tick
+from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.store import Store
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+RNG = random.Random(3)
+
+
+def sec(n: float) -> timedelta:
+    return timedelta(seconds=n)
+
+
+def spec(name: str, schedule: float = 10, **raw: Any) -> EntrySpec:
+    built, problems = parse_entry(name, {"task": f"proj.{name}", "schedule": schedule, **raw}, {})
+    assert problems == [] and built is not None, problems
+    return built
+
+
+@pytest.fixture
+def store(postgres_url: str) -> Iterator[Store]:
+    engine = get_engine(postgres_url)
+    upgrade(engine)
+    try:
+        yield Store(engine)
+    finally:
+        dispose_all()
+
+
+def setup(store: Store, *items: EntrySpec) -> dict[str, EntrySpec]:
+    """The schedules at T0, each ticked once so their next grid tick is T0 + period."""
+    store.sync_config(items, T0, RNG)
+    entries = {s.name: s for s in items}
+    store.tick(entries, T0, RNG, 100)
+    return entries
+
+
+def runs(store: Store, name: str) -> list[RunRow]:
+    with store.session() as s:
+        return list(s.scalars(select(RunRow).where(RunRow.schedule == name).order_by(RunRow.scheduled_for)))
+
+
+def schedule(store: Store, name: str) -> ScheduleRow:
+    (row,) = store.schedules([name])
+    return row
+
+
+def prepare(store: Store, entries: dict[str, EntrySpec], due: datetime) -> Any:
+    return prepare_tick(
+        store, lambda row: entries.get(row.name), due, 100, claimer="beat-disp", claim_timeout=60, rng=RNG
+    )
+
+
+def test_a_prepared_tick_is_invisible_until_committed_then_claimed_by_the_beats_dispatcher(
+    store: Store,
+) -> None:
+    """Runs, queue rows and the advanced grid appear only at the commit, claimed for the publish."""
+    entries = setup(store, spec("a", policy={"mode": "fixed_rate", "max_concurrency": 5}), spec("late", 30))
+    prepared = prepare(store, entries, T0 + sec(10))
+    assert prepared is not None
+    assert [e.schedule for e in prepared.result.emitted] == ["a"]  # "late" is due at T0 + 30 s
+    assert len(runs(store, "a")) == 1 and schedule(store, "a").next_due_at == T0 + sec(10)
+    prepared.commit()
+    made = runs(store, "a")
+    assert [r.scheduled_for for r in made] == [T0, T0 + sec(10)]
+    assert schedule(store, "a").next_due_at == T0 + sec(20)
+    with store.session() as s:
+        queued = s.scalars(select(QueueRow).where(QueueRow.run_id == made[1].id)).one()
+    assert (queued.claimed_by, queued.claimed_until) == ("beat-disp", T0 + sec(70))
+    assert [c.run_id for c in prepared.claimed] == [made[1].id] and prepared.claimed[0].id == queued.id
+    # The dispatcher's usual claim skips it: the beat publishes it itself.
+    others = store.claim_batch("other", T0 + sec(10), 100, 60)
+    assert made[0].id in {c.run_id for c in others} and made[1].id not in {c.run_id for c in others}
+
+
+def test_an_abandoned_preparation_leaves_nothing(store: Store) -> None:
+    entries = setup(store, spec("a", policy={"mode": "fixed_rate", "max_concurrency": 5}))
+    prepared = prepare(store, entries, T0 + sec(10))
+    assert prepared is not None
+    prepared.abandon()
+    assert len(runs(store, "a")) == 1 and schedule(store, "a").next_due_at == T0 + sec(10)
+    assert [e.scheduled_for for e in store.tick(entries, T0 + sec(10), RNG, 100).emitted] == [T0 + sec(10)]
+
+
+def test_a_schedule_waiting_on_a_busy_slot_is_left_to_the_tick_at_its_due_time(store: Store) -> None:
+    """No overlap with its run still active: not prepared and not locked, so that run can finish
+    meanwhile and the tick at the due time starts the next one."""
+    entries = setup(store, spec("busy"), spec("free", policy={"mode": "fixed_rate", "max_concurrency": 2}))
+    (active,) = runs(store, "busy")
+    prepared = prepare(store, entries, T0 + sec(10))
+    assert prepared is not None
+    assert [e.schedule for e in prepared.result.emitted] == ["free"]
+    settled = threading.Event()
+
+    def settle() -> None:
+        store.settle_run(active.id, RunState.COMPLETED, now=T0 + sec(9))
+        settled.set()
+
+    worker = threading.Thread(target=settle)
+    worker.start()
+    assert settled.wait(10), "settling a run of an unprepared schedule waited for the prepared tick"
+    worker.join()
+    prepared.commit()
+    tick = store.tick(entries, T0 + sec(10), RNG, 100)
+    assert [(e.schedule, e.scheduled_for) for e in tick.emitted] == [("busy", T0 + sec(10))]
+
+
+def test_a_change_to_a_prepared_schedule_waits_for_the_commit_and_applies_to_later_ticks(
+    store: Store,
+) -> None:
+    """A pause during the lead blocks on the prepared rows, then takes effect from the next tick."""
+    entries = setup(store, spec("a", policy={"mode": "fixed_rate", "max_concurrency": 5}))
+    prepared = prepare(store, entries, T0 + sec(10))
+    assert prepared is not None
+    paused = threading.Event()
+
+    def pause() -> None:
+        store.set_paused("a", True, T0 + sec(9.8))
+        paused.set()
+
+    worker = threading.Thread(target=pause)
+    worker.start()
+    assert not paused.wait(0.5), "the pause went through a row the prepared tick holds"
+    prepared.commit()
+    assert paused.wait(10)
+    worker.join()
+    assert [r.scheduled_for for r in runs(store, "a")] == [T0, T0 + sec(10)]
+    assert store.tick(entries, T0 + sec(20), RNG, 100).emitted == []
+
+
+def test_a_schedule_with_a_queued_trigger_is_not_prepared(store: Store) -> None:
+    entries = setup(store, spec("t", policy={"mode": "fixed_rate", "max_concurrency": 5}))
+    assert store.trigger("t", T0 + sec(5)) is not None
+    with store.session() as s:  # the trigger waits in the row (as if no tick had run since)
+        row = s.get(ScheduleRow, "t")
+        assert row is not None and row.triggers
+    assert prepare(store, entries, T0 + sec(10)) is None
+
+
+def test_nothing_is_prepared_on_sqlite(sqlite_url: str) -> None:
+    engine = get_engine(sqlite_url)
+    upgrade(engine)
+    store = Store(engine)
+    entries = setup(store, spec("a"))
+    assert prepare(store, entries, T0 + sec(10)) is None
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(RunRow)) == 1
+    dispose_all()
