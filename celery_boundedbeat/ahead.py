@@ -20,10 +20,14 @@ from celery import Celery
 from .dispatch import claim_margin
 from .prepared import PreparedTick, Resolve, prepare_tick
 from .publish import Publisher, Ready
-from .settings import Settings
+from .settings import MAX_PREPARE_AHEAD, Settings
 from .store import Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
+
+#: A prepared tick takes up to this many tick batches (``tick_batch_size``) of due schedules:
+#: its lead grows with it, where the tick at the due time would take batch after batch late.
+PREPARED_BATCHES = 10
 
 
 class AheadTicker:
@@ -46,10 +50,19 @@ class AheadTicker:
         self.still_leading = still_leading
         self._publisher = Publisher(app, confirm_timeout=settings.dispatch_claim_timeout / 2)
         self._rng = random.Random()
+        #: Seconds the last preparation took, per run it prepared, and how many it prepared.
+        self._per_run = 0.0
+        self._last_runs = 0
 
     @property
     def lead(self) -> float:
-        return self.settings.prepare_ahead if self.store.is_postgres else 0.0
+        """How long before a due time to start preparing it: ``prepare_ahead``, or longer when
+        the last preparation needed more (twice its time, up to ``MAX_PREPARE_AHEAD``), so a
+        large tick is still ready at its due time."""
+        if not self.store.is_postgres or self.settings.prepare_ahead <= 0:
+            return 0.0
+        needed = 2 * self._per_run * self._last_runs
+        return min(MAX_PREPARE_AHEAD, max(self.settings.prepare_ahead, needed))
 
     def run(self, due: datetime) -> tuple[TickResult | None, bool]:
         """Prepare the tick at ``due``, wait for it, commit and publish.
@@ -57,11 +70,12 @@ class AheadTicker:
         Returns the committed tick (``None`` if nothing was certain enough to prepare) and
         whether a message failed to publish (the dispatcher loop then retries it).
         """
+        started = time.monotonic()
         prepared = prepare_tick(
             self.store,
             self.resolve,
             due,
-            self.settings.tick_batch_size,
+            PREPARED_BATCHES * self.settings.tick_batch_size,
             claimer=self.claimer,
             claim_timeout=self.settings.dispatch_claim_timeout,
             expires_after=self.settings.start_timeout,
@@ -71,6 +85,8 @@ class AheadTicker:
             return None, False
         try:
             ready = self._publisher.prepare(prepared.claimed)
+            self._last_runs = len(prepared.claimed)
+            self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
             _sleep_until(due)
             if not self.still_leading():
                 prepared.abandon()

@@ -165,3 +165,27 @@ def test_nothing_is_prepared_on_sqlite(sqlite_url: str) -> None:
     with store.session() as s:
         assert s.scalar(select(func.count()).select_from(RunRow)) == 1
     dispose_all()
+
+
+def test_the_lead_grows_with_the_last_preparation_up_to_the_bound(store: Store) -> None:
+    """A tick that took long to prepare is started earlier next time (twice its time), never
+    earlier than MAX_PREPARE_AHEAD, never later than prepare_ahead; 0 turns it off."""
+    from celery import Celery
+
+    from celery_boundedbeat.ahead import AheadTicker
+    from celery_boundedbeat.settings import MAX_PREPARE_AHEAD, Settings
+
+    def ticker(prepare_ahead: float) -> AheadTicker:
+        app = Celery("lead", broker="memory://", set_as_current=False)
+        settings = Settings(prepare_ahead=prepare_ahead)
+        return AheadTicker(app, store, settings, lambda row: None, claimer="c", still_leading=lambda: True)
+
+    ahead = ticker(0.5)
+    assert ahead.lead == 0.5
+    ahead._per_run, ahead._last_runs = 0.0004, 5000  # 2 s to prepare 5,000 runs
+    assert ahead.lead == pytest.approx(4.0)
+    ahead._last_runs = 50_000
+    assert ahead.lead == MAX_PREPARE_AHEAD
+    ahead._last_runs = 100
+    assert ahead.lead == 0.5
+    assert ticker(0).lead == 0
