@@ -5,12 +5,13 @@ done at the due instant, every run of the tick is published that much late. On P
 beat instead opens the tick's transaction ``boundedbeat_prepare_ahead`` seconds before the due
 time ``due`` and, in it:
 
-1. picks the schedules due by ``due`` whose outcome cannot change before ``due``: the policy
-   emits their tick and nothing is left waiting, skipped or coalesced (a slot only frees up
-   before ``due``, so a schedule whose slots are free now is certain to run; one that waits
-   on a busy slot is left to the tick at ``due``, which decides it then);
-2. locks just those rows, decides them as of ``due`` and writes their runs and queue rows,
-   the queue rows already claimed by this beat's dispatcher (no other dispatcher takes them);
+1. locks the schedules due by ``due`` with a free slot and nothing waiting, and of those
+   takes the ones whose outcome cannot change before ``due``: the policy emits their tick and
+   nothing is left waiting, skipped or coalesced (a slot only frees up before ``due``, so a
+   schedule whose slot is free now is certain to run; one that waits on a busy slot is not
+   locked and is left to the tick at ``due``, which decides it then);
+2. decides them as of ``due`` and writes their runs and queue rows, the queue rows already
+   claimed by this beat's dispatcher (no other dispatcher takes them);
 3. holds the transaction open, uncommitted, until ``due``: until then nothing of it is
    visible, and nobody can change the locked schedules; a pause, an update or a finished run
    of one of them waits for the commit and takes effect from the next tick on.
@@ -26,12 +27,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, and_, func, insert, select, text
 from sqlalchemy.orm import Session
 
-from .catalog import chunks
 from .policy import EntrySpec
 from .rows import apply_state, state_of
 from .schema import QueueRow, RunRow, ScheduleRow
@@ -39,6 +39,13 @@ from .store import Claimed, Store, TickResult, emission_rows
 from .ticks import ScheduleState, TickOutcome, on_due
 
 Resolve = Callable[[ScheduleRow], EntrySpec | None]
+
+RUNS = cast(Table, RunRow.__table__)
+QUEUE = cast(Table, QueueRow.__table__)
+#: ``n`` new queue row ids, in order, from the id column's own sequence (PostgreSQL).
+_QUEUE_IDS = text(
+    "SELECT nextval(pg_get_serial_sequence('boundedbeat_queue', 'id')) FROM generate_series(1, :n)"
+)
 
 
 def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
@@ -124,23 +131,6 @@ def _due_rows(due: datetime) -> Any:
     )
 
 
-def _candidates(
-    session: Session, resolve: Resolve, due: datetime, limit: int, rng: random.Random
-) -> list[str]:
-    """The due schedules whose tick is certain, read without locking anything."""
-    names = []
-    query = _due_rows(due).order_by(ScheduleRow.next_due_at).limit(limit)
-    for row in session.scalars(query):
-        spec = resolve(row)
-        if spec is None:
-            continue
-        state = state_of(row)
-        if certain(state, on_due(spec.policy, spec.timing, state, due, rng)):
-            names.append(row.name)
-    session.expunge_all()  # the locked read below loads them afresh
-    return names
-
-
 def _prepare(
     session: Session,
     resolve: Resolve,
@@ -151,47 +141,50 @@ def _prepare(
     expires_after: float | None,
     rng: random.Random,
 ) -> PreparedTick | None:
-    names = _candidates(session, resolve, due, limit, rng)
-    if not names:
-        return None
     result = TickResult(now=due)
     run_rows: list[dict[str, Any]] = []
     queue_rows: list[dict[str, Any]] = []
-    for part in chunks(names):
-        # SKIP LOCKED: a row another transaction holds (a settle, a pause) is left to the tick at ``due``.
-        locked = _due_rows(due).where(ScheduleRow.name.in_(part)).with_for_update(skip_locked=True)
-        for row in session.scalars(locked):
-            spec = resolve(row)
-            if spec is None:
-                continue
-            state = state_of(row)
-            outcome = on_due(spec.policy, spec.timing, state, due, rng)
-            if not certain(state, outcome):
-                continue  # changed since it was read: locked, untouched, decided at ``due``
-            apply_state(row, outcome.state, due)
-            result.outcomes[row.name] = outcome
-            for emission in outcome.emit:
-                run, queued, emitted = emission_rows(spec, row.name, emission, due, expires_after)
-                run_rows.append(run)
-                queue_rows.append(queued)
-                result.emitted.append(emitted)
+    # Only rows with a free slot and nothing waiting are locked (SKIP LOCKED: a row another
+    # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
+    # unlocked, so the settle that frees its slot is not held up.
+    free = and_(
+        ScheduleRow.pending_runs == 0,
+        ScheduleRow.active_runs < func.coalesce(ScheduleRow.policy["max_concurrency"].as_integer(), 1),
+    )
+    locked = _due_rows(due).where(free).order_by(ScheduleRow.next_due_at).limit(limit)
+    for row in session.scalars(locked.with_for_update(skip_locked=True)):
+        spec = resolve(row)
+        if spec is None:
+            continue
+        state = state_of(row)
+        outcome = on_due(spec.policy, spec.timing, state, due, rng)
+        if not certain(state, outcome):
+            continue  # locked but untouched: decided by the tick at ``due`` (rare: an ending)
+        apply_state(row, outcome.state, due)
+        result.outcomes[row.name] = outcome
+        for emission in outcome.emit:
+            run, queued, emitted = emission_rows(spec, row.name, emission, due, expires_after)
+            run_rows.append(run)
+            queue_rows.append(queued)
+            result.emitted.append(emitted)
     if not run_rows:
         return None
     session.flush()
-    session.execute(insert(RunRow), run_rows)
+    # Core executemany, and the queue ids taken from their sequence in one statement: an ORM
+    # bulk insert, or an INSERT ... RETURNING the ids, took most of a preparation's time.
+    session.execute(insert(RUNS), run_rows)
+    ids = session.execute(_QUEUE_IDS, {"n": len(queue_rows)}).scalars().all()
     until = due + timedelta(seconds=claim_timeout)
-    for queued in queue_rows:
-        queued.update(claimed_by=claimer, claimed_until=until, attempts=1)
-    ids = session.execute(
-        insert(QueueRow).returning(QueueRow.id, sort_by_parameter_order=True), queue_rows
-    ).scalars()
-    claimed = [_claimed(queue_id, queued) for queue_id, queued in zip(ids, queue_rows, strict=True)]
+    for queue_id, queued in zip(ids, queue_rows, strict=True):
+        queued.update(id=queue_id, claimed_by=claimer, claimed_until=until, attempts=1)
+    session.execute(insert(QUEUE), queue_rows)
+    claimed = [_claimed(queued) for queued in queue_rows]
     return PreparedTick(due=due, session=session, result=result, claimed=claimed)
 
 
-def _claimed(queue_id: int, queued: dict[str, Any]) -> Claimed:
+def _claimed(queued: dict[str, Any]) -> Claimed:
     return Claimed(
-        id=queue_id,
+        id=queued["id"],
         run_id=queued["run_id"],
         task_id=queued["task_id"],
         task=queued["task"],

@@ -325,8 +325,9 @@ class Store:
                     result.emitted.append(emitted)
             s.flush()
             if run_rows:
-                s.execute(insert(RunRow), run_rows)
-                s.execute(insert(QueueRow), queue_rows)
+                # Core executemany: the ORM's bulk insert cost a fifth of a 1,000-run tick.
+                s.execute(insert(cast(Table, RunRow.__table__)), run_rows)
+                s.execute(insert(cast(Table, QueueRow.__table__)), queue_rows)
                 self._notify(s, QUEUE_CHANNEL)
             result.next_due_at = self._next_due(s)
         return result
