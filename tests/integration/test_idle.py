@@ -42,7 +42,9 @@ def test_an_idle_beat_stays_off_the_database_and_still_starts_a_new_schedule_at_
 
     added_at = time.time()
     kwargs = json.dumps({"name": "new", "durations": [0.05]})
-    bb.celery("boundedbeat", "add", "new", f"{bb.module}.work", "--kwargs", kwargs, "--every", "3600", check=True)
+    bb.celery(
+        "boundedbeat", "add", "new", f"{bb.module}.work", "--kwargs", kwargs, "--every", "3600", check=True
+    )
     bb.wait_until(lambda: bb.runs("new"), timeout=10, what="the added schedule's first run")
     (run,) = bb.runs("new")
     assert run.enqueued_at.timestamp() - added_at < 2.0, run.short()
