@@ -505,7 +505,13 @@ class Store:
                 update(r)
                 .where(run_match, r.c.published_at.is_(None))
                 .values(
-                    published_at=now,
+                    # Stamped after the broker took the message: a fast worker may have started
+                    # or even finished the run by then, and a run is never published after that.
+                    published_at=case(
+                        (r.c.started_at < now, r.c.started_at),
+                        (r.c.finished_at < now, r.c.finished_at),
+                        else_=literal(now, r.c.published_at.type),
+                    ),
                     state=case(
                         (r.c.state == RunState.QUEUED.value, RunState.PUBLISHED.value), else_=r.c.state
                     ),

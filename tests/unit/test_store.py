@@ -787,3 +787,23 @@ def test_many_config_entries_are_inserted_in_one_reconcile(store: Store) -> None
     rows = {r.name: r for r in store.schedules()}
     assert len(rows) == 1234
     assert all(rows[f"e{i:04d}"].next_due_at == T0 + sec(i) for i in range(1234))
+
+
+def test_a_run_settled_before_its_publish_was_recorded_is_not_published_after_it(store: Store) -> None:
+    """The dispatcher stamps published_at after the broker took the message; a fast worker may
+    have started and finished the run by then: published_at is never later than that."""
+    entries = setup(store, spec("fast"))
+    run_id = emit_one(store, entries)
+    claimed = store.claim_batch("d", T0, 10, 60)
+    assert [c.run_id for c in claimed] == [run_id]
+    assert start(store, run_id, T0 + sec(0.2))
+    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(0.3))
+    store.mark_published("d", claimed, T0 + sec(0.5))
+    with store.session() as s:
+        run = s.get(RunRow, run_id)
+        assert run is not None
+        assert (run.published_at, run.started_at, run.finished_at) == (
+            T0 + sec(0.2),
+            T0 + sec(0.2),
+            T0 + sec(0.3),
+        )
