@@ -100,6 +100,22 @@ def log_in(browser: Any, live_server: str, username: str) -> None:
     assert browser.current_url.endswith(SCHEDULES), browser.current_url
 
 
+def open_page(browser: Any, url: str, expect: str, timeout: float = 15) -> None:
+    """Load ``url`` and wait until an element matching ``expect`` is there (a loaded CI machine
+    can be slow to hand the page over); fails with what the page shows instead."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    try:
+        WebDriverWait(browser, timeout).until(lambda b: b.find_elements(By.CSS_SELECTOR, expect))
+    except TimeoutException:
+        body = browser.find_element(By.TAG_NAME, "body").text[:600]
+        where = f"{browser.current_url} ({browser.title!r})"
+        pytest.fail(f"{expect!r} not on {where} within {timeout} s:\n{body}")
+
+
 def console_errors(browser: Any) -> list[dict[str, Any]]:
     """Everything the page logged at error level since the last call (reading clears the log)."""
     return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
@@ -130,7 +146,7 @@ def test_change_list_shows_a_sparkline_per_schedule_without_scrolling(
     add_run(store, "export-report", "failed", now, started_at=now, finished_at=now, elapsed_ms=5, error="x")
     log_in(browser, live_server, staff)
     console_errors(browser)
-    browser.get(f"{live_server}{SCHEDULES}")
+    open_page(browser, f"{live_server}{SCHEDULES}", "svg.bb-sparkline rect.bb-spark")
 
     rows = {
         row.find_element(By.CSS_SELECTOR, "th.field-name").text: row
@@ -166,7 +182,7 @@ def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     ids = add_history(store, "poll-partner", now)
     log_in(browser, live_server, staff)
     console_errors(browser)
-    browser.get(f"{live_server}{SCHEDULES}poll-partner/change/")
+    open_page(browser, f"{live_server}{SCHEDULES}poll-partner/change/", "svg.bb-timeline rect.bb-run")
 
     bars = browser.find_elements(By.CSS_SELECTOR, "svg.bb-timeline rect.bb-run")
     assert sorted(b.find_element(By.XPATH, "..").get_attribute("data-run") for b in bars) == sorted(ids)
