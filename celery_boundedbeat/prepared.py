@@ -33,9 +33,9 @@ from sqlalchemy import Table, and_, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from .policy import EntrySpec
-from .rows import apply_state, state_of
+from .rows import state_of
 from .schema import QueueRow, RunRow, ScheduleRow
-from .store import Claimed, Store, TickResult, emission_rows
+from .store import Claimed, Store, TickResult, record_outcome
 from .ticks import ScheduleState, TickOutcome, on_due
 
 Resolve = Callable[[ScheduleRow], EntrySpec | None]
@@ -160,13 +160,7 @@ def _prepare(
         outcome = on_due(spec.policy, spec.timing, state, due, rng)
         if not certain(state, outcome):
             continue  # locked but untouched: decided by the tick at ``due`` (rare: an ending)
-        apply_state(row, outcome.state, due)
-        result.outcomes[row.name] = outcome
-        for emission in outcome.emit:
-            run, queued, emitted = emission_rows(spec, row.name, emission, due, expires_after)
-            run_rows.append(run)
-            queue_rows.append(queued)
-            result.emitted.append(emitted)
+        record_outcome(row, spec, outcome, due, expires_after, result, run_rows, queue_rows)
     if not run_rows:
         return None
     session.flush()
