@@ -289,7 +289,7 @@ class Store:
                     select(RunRow.id).where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
                 ).all()
                 for run_id in active:
-                    if self._settle(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
+                    if self.settle_in(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
                         revoked.append(run_id)
             s.execute(delete(ScheduleRow).where(ScheduleRow.name == name))
             self._notify(s, SCHEDULES_CHANNEL, name)
@@ -585,7 +585,7 @@ class Store:
         taken = s.execute(delete(QueueRow).where(QueueRow.id == queue_id, self._unclaimed(now)))
         if not taken.rowcount or run_id is None:  # type: ignore[attr-defined]
             return None  # claimed meanwhile, or an outbox row (no run to settle)
-        return self._settle(
+        return self.settle_in(
             s, run_id, RunState.REJECTED, now=now, error=error, rng=rng, expect=[RunState.QUEUED]
         )
 
@@ -595,39 +595,46 @@ class Store:
         self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
     ) -> bool:
         """queued/published → started (a retry or redelivery of a started run is a no-op)."""
-        deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
         with self.session() as s:
-            result = s.execute(
-                update(RunRow)
-                .where(
-                    RunRow.id == run_id, RunRow.state.in_([RunState.QUEUED.value, RunState.PUBLISHED.value])
-                )
-                .values(
-                    state=RunState.STARTED.value,
-                    started_at=now,
-                    # A worker holds the message, so it was published by ``now`` at the latest.
-                    # The dispatcher may have marked it with a later clock reading (its mark
-                    # committed first, or it read its clock after the worker did): published
-                    # never follows started.
-                    published_at=case(
-                        (or_(RunRow.published_at.is_(None), RunRow.published_at > now), now),
-                        else_=RunRow.published_at,
-                    ),
-                    worker=worker,
-                    process=process,
-                    deadline_at=deadline,
-                )
+            return self.start_in(
+                s, run_id, worker=worker, process=process, now=now, max_run_time=max_run_time
             )
-            if result.rowcount:  # type: ignore[attr-defined]
-                s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-            else:
-                # Redelivered after a worker died: keep the run, point it at the new process.
-                s.execute(
-                    update(RunRow)
-                    .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value)
-                    .values(worker=worker, process=process)
-                )
-            return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def start_in(
+        s: Session, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+    ) -> bool:
+        """``start_run`` inside the caller's transaction."""
+        deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
+        result = s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state.in_([RunState.QUEUED.value, RunState.PUBLISHED.value]))
+            .values(
+                state=RunState.STARTED.value,
+                started_at=now,
+                # A worker holds the message, so it was published by ``now`` at the latest.
+                # The dispatcher may have marked it with a later clock reading (its mark
+                # committed first, or it read its clock after the worker did): published
+                # never follows started.
+                published_at=case(
+                    (or_(RunRow.published_at.is_(None), RunRow.published_at > now), now),
+                    else_=RunRow.published_at,
+                ),
+                worker=worker,
+                process=process,
+                deadline_at=deadline,
+            )
+        )
+        if result.rowcount:  # type: ignore[attr-defined]
+            s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
+        else:
+            # Redelivered after a worker died: keep the run, point it at the new process.
+            s.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value)
+                .values(worker=worker, process=process)
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
 
     def settle_run(
         self,
@@ -658,11 +665,11 @@ class Store:
         """
         assert state.terminal
         with self.session() as s:
-            return self._settle(
+            return self.settle_in(
                 s, run_id, state, now=now, error=error, stop=stop, rng=rng, expect=expect, late=late
             )
 
-    def _settle(
+    def settle_in(
         self,
         s: Session,
         run_id: str,
@@ -688,7 +695,7 @@ class Store:
             return None
         if run.state not in allowed:
             if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
-                self._note_late_outcome(s, run_id, run.state, run.error, state, now, error)
+                self.note_late_outcome(s, run_id, run.state, run.error, state, now, error)
             return None
         elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
         if elapsed is not None:
@@ -731,6 +738,27 @@ class Store:
         row = s.get(ScheduleRow, schedule, with_for_update=True)
         if row is None:
             return
+        self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)
+        self._notify(s, SETTLED_CHANNEL, schedule)
+
+    def count_settled(
+        self,
+        s: Session,
+        row: Any,
+        outcome: RunState,
+        elapsed: int | None,
+        *,
+        now: datetime,
+        stop: bool,
+        rng: random.Random,
+        run_id: str,
+        error: str | None = None,
+    ) -> None:
+        """``_free_slot`` on a schedule row the caller has locked (no notification).
+
+        ``row`` is a ``ScheduleRow`` or any object with its attributes (the batched writer's
+        plain rows); the changes are made to it, and the caller writes them.
+        """
         new = on_settle(
             Policy.from_json(row.policy),
             state_of(row),
@@ -743,7 +771,7 @@ class Store:
             run_id=run_id,
         )
         if new.pause_reason is not None and row.pause_reason is None:
-            logger.warning("celery_boundedbeat: %s paused itself: %s", schedule, new.pause_reason)
+            logger.warning("celery_boundedbeat: %s paused itself: %s", row.name, new.pause_reason)
         note_settle(
             s,
             row,
@@ -756,10 +784,9 @@ class Store:
         )
         apply_state(row, new, now)
         row.last_finished_at = now
-        self._notify(s, SETTLED_CHANNEL, schedule)
 
     @staticmethod
-    def _note_late_outcome(
+    def note_late_outcome(
         s: Session,
         run_id: str,
         settled_as: str,
@@ -783,7 +810,12 @@ class Store:
         )
 
     def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
-        """One statement per worker process per interval, however many runs it has.
+        """One statement per worker process per interval, however many runs it has."""
+        with self.session() as s:
+            self.heartbeat_in(s, process, hostname, pid, now)
+
+    def heartbeat_in(self, s: Session, process: str, hostname: str, pid: int, now: datetime) -> None:
+        """``heartbeat`` inside the caller's transaction.
 
         An upsert where the dialect has one: two runs starting at once in one process (a
         threads pool) would otherwise both miss the row and both insert it, and the loser's
@@ -800,18 +832,16 @@ class Store:
 
             upsert = sqlite_insert(WorkerRow).values(**values)
         if upsert is not None:
-            with self.session() as s:
-                s.execute(
-                    upsert.on_conflict_do_update(
-                        index_elements=[WorkerRow.id],
-                        set_={"heartbeat_at": upsert.excluded.heartbeat_at, "pid": upsert.excluded.pid},
-                    )
+            s.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[WorkerRow.id],
+                    set_={"heartbeat_at": upsert.excluded.heartbeat_at, "pid": upsert.excluded.pid},
                 )
+            )
             return
-        with self.session() as s:
-            result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
-            if not result.rowcount:  # type: ignore[attr-defined]
-                s.add(WorkerRow(id=process, hostname=hostname, pid=pid, heartbeat_at=now))
+        result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
+        if not result.rowcount:  # type: ignore[attr-defined]
+            s.add(WorkerRow(id=process, hostname=hostname, pid=pid, heartbeat_at=now))
 
     def forget_silent_workers(self, older_than: datetime) -> int:
         """Drop heartbeat rows of processes silent since ``older_than`` (dead or long idle).

@@ -1,10 +1,15 @@
 """The worker side's write-behind of run starts and outcomes, plus the per-process heartbeat.
 
 The Celery signal receivers (:mod:`.receivers`) hand each start and outcome to the process's
-:class:`Tracker`. A start or an outcome that cannot reach the database (an outage) is kept
-in order and retried by the heartbeat thread every second, so an outcome is
-never dropped while the worker process lives; the database's guarded transitions make a
-retried write that had in fact been committed a no-op.
+:class:`Tracker`, which queues it and returns: the task thread never waits for the database.
+The tracker's thread writes whatever is queued in one transaction (:mod:`.worklog`), so a
+burst of short tasks costs a few statements per batch, not two commits per run. A batch that
+cannot reach the database (an outage) stays queued in order and is retried every second, so
+an outcome is never dropped while the worker process lives; the database's guarded
+transitions make a retried write that had in fact been committed a no-op. A process that
+exits writes what it queued first (``worker_process_shutdown`` / ``worker_shutdown``); one
+killed outright loses at most the last few milliseconds of reports, and the beat's reaper
+settles those runs ``lost``.
 
 Heartbeats: each worker process with at least one active run writes one row of
 ``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one statement per process,
@@ -25,6 +30,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 
 from celery import Celery
 
@@ -34,6 +40,7 @@ from .faults import is_outage
 from .runtime import OutageLog
 from .settings import Settings
 from .store import Settled, Store, utcnow
+from .worklog import Beat, OutcomeReport, StartReport, write_reports
 
 logger = logging.getLogger("celery_boundedbeat.tracking")
 
@@ -41,6 +48,13 @@ logger = logging.getLogger("celery_boundedbeat.tracking")
 _KNOWN_TASKS = 4096
 #: Seconds between attempts to write kept starts and outcomes while the database is away.
 _RETRY_EVERY = 1.0
+#: At most this many starts and outcomes per transaction.
+BATCH = 500
+#: Seconds the writer lets reports gather after the first one is queued: under load a batch
+#: then carries many runs for the cost of one transaction; each report waits at most this.
+LINGER = 0.05
+#: Run ids of this process's recent outcomes: a second report of one is dropped here.
+_RECENT_SETTLES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +85,8 @@ class Tracker:
         self.app = app
         self._settings: Settings | None = None
         self._pid = -1
-        self._settled: deque[str] = deque(maxlen=1024)
+        self._settled: deque[str] = deque()
+        self._settled_set: set[str] = set()
         self._stop_requested: set[str] = set()
         #: Task names already reported as unknown (logged once per process).
         self._unknown_names: set[str] = set()
@@ -84,8 +99,12 @@ class Tracker:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._active: set[str] = set()
-        #: Starts and outcomes not yet written (database unreachable), oldest first.
-        self._retry: deque[_Pending] = deque()
+        #: Starts and outcomes not yet written, oldest first (the writer's queue).
+        self._queue: deque[_Pending] = deque()
+        #: While the database is away: the monotonic time of the next attempt.
+        self._retry_at = 0.0
+        #: When the queue last went from empty to not empty (monotonic).
+        self._queued_at = 0.0
         #: task id -> run id of messages this process received (a prefork parent names the
         #: run of a child that died or hit its hard time limit from these).
         self._known: OrderedDict[str, str] = OrderedDict()
@@ -147,20 +166,24 @@ class Tracker:
         with self._lock:
             self._active.discard(run_id)
             self._known.pop(run_id, None)
-        if run_id in self._settled:
-            return
-        self._settled.append(run_id)
+            if run_id in self._settled_set:
+                return
+            self._settled.append(run_id)
+            self._settled_set.add(run_id)
+            if len(self._settled) > _RECENT_SETTLES:
+                self._settled_set.discard(self._settled.popleft())
         stop = run_id in self._stop_requested
         self._stop_requested.discard(run_id)
         self._submit(_PendingSettle(run_id=run_id, state=state, at=utcnow(), error=error, stop=stop))
 
     def _submit(self, item: _Pending) -> None:
-        # Earlier writes still waiting for the database go first: a start before its outcome.
-        if self._retry or not self._write(item):
-            self._retry.append(item)
-            self._ensure_heartbeat()
-            # The heartbeat thread may be in a full-interval sleep: retry on the short cadence.
-            self._hb_wake.set()
+        """Queue the report for the writer thread, in order, and wake it."""
+        with self._lock:
+            if not self._queue:
+                self._queued_at = time.monotonic()
+            self._queue.append(item)
+        self._ensure_heartbeat()
+        self._hb_wake.set()
 
     def _write(self, item: _Pending) -> bool:
         """Write one start or outcome; False only when the database is unreachable (retry later).
@@ -265,24 +288,91 @@ class Tracker:
     def request_stop(self, run_id: str) -> None:
         self._stop_requested.add(run_id)
 
-    def flush(self) -> bool:
-        """Write pending starts and outcomes in order; False if some are still pending."""
-        with self._flush_lock:  # the heartbeat thread and a shutdown must not pop each other's item
-            while self._retry:
-                if not self._write(self._retry[0]):
+    def flush(self, *, drain: bool = True) -> bool:
+        """Write the queued starts and outcomes in order, a batch per transaction.
+
+        False if some are still queued (the database is away). Whatever part of a batch was
+        written is taken off the queue; the rest keeps its place at the front. The writer
+        thread writes one batch per call (``drain=False``) and lets the next one gather.
+        """
+        with self._flush_lock:  # the writer thread and a shutdown must not write one item twice
+            while True:
+                with self._lock:
+                    batch = list(islice(self._queue, BATCH))
+                if not batch:
+                    return True
+                written = self._write_batch(batch)
+                with self._lock:
+                    for _ in range(written):
+                        self._queue.popleft()
+                    # What arrived while this batch was written gathers afresh for the next.
+                    self._queued_at = time.monotonic()
+                if written < len(batch):
+                    self._retry_at = time.monotonic() + _RETRY_EVERY
                     return False
-                self._retry.popleft()
-            return True
+                if not drain:
+                    return True
+
+    def _write_batch(self, batch: list[_Pending]) -> int:
+        """Write a batch in one transaction; how many items from its front were written.
+
+        A data error somewhere in it sends every item down the one-by-one path, which finds
+        the refused item and records what it can of it (see :meth:`_write`).
+        """
+        starts = [
+            StartReport(run_id=i.run_id, worker=i.worker, process=self.process, at=i.at, limit=i.limit)
+            for i in batch
+            if isinstance(i, _PendingStart)
+        ]
+        outcomes = [
+            OutcomeReport(run_id=i.run_id, state=i.state, at=i.at, error=i.error, stop=i.stop)
+            for i in batch
+            if isinstance(i, _PendingSettle)
+        ]
+        beat = self._due_beat() if starts else None
+        try:
+            done = self._write_many(starts, outcomes, beat)
+        except Exception as exc:
+            if is_outage(exc):
+                self._writes.failed(exc)
+                return 0
+            logger.warning(
+                "celery_boundedbeat: the database refused a batch of %d run report(s) (%s); "
+                "writing them one by one",
+                len(batch),
+                type(exc).__name__,
+            )
+            for written, item in enumerate(batch):
+                if not self._write(item):
+                    return written
+            return len(batch)
+        if beat is not None:
+            self._last_heartbeat = time.monotonic()
+        self._writes.succeeded()
+        for item, settled in zip((i for i in batch if isinstance(i, _PendingSettle)), done, strict=True):
+            self._log_written(item, settled)
+        return len(batch)
+
+    def _write_many(
+        self, starts: list[StartReport], outcomes: list[OutcomeReport], beat: Beat | None
+    ) -> list[Settled | None]:
+        return write_reports(self.store, starts, outcomes, beat=beat, rng=self._rng)
+
+    def _due_beat(self) -> Beat | None:
+        """The heartbeat to write before a start: a process's first run needs its row first."""
+        if time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval / 2:
+            return None
+        return Beat(process=self.process, hostname=socket.gethostname(), pid=os.getpid(), at=utcnow())
 
     def shutdown(self) -> None:
         """The process is exiting: one last attempt at what it kept; say loudly what is lost."""
-        if self._pid != os.getpid() or not self._retry:
+        if self._pid != os.getpid() or not self._queue:
             return
         if not self.flush():
             logger.error(
                 "celery_boundedbeat: %d run start(s)/outcome(s) could not be written before this process "
                 "exits; the beat's reaper will settle those runs lost",
-                len(self._retry),
+                len(self._queue),
             )
 
     # -- heartbeat ----------------------------------------------------------------------
@@ -299,12 +389,14 @@ class Tracker:
         interval = self.settings.heartbeat_interval
         hostname = socket.gethostname()
         while True:
-            # Pending writes are retried every second (cheap while the database refuses
-            # connections), so outcomes land soon after it returns; heartbeats keep their period.
-            self._hb_wake.wait(min(interval, _RETRY_EVERY) if self._retry else interval)
+            self._hb_wake.wait(self._idle_for(interval))
             self._hb_wake.clear()
             try:
-                self.flush()
+                if self._queue and time.monotonic() >= self._retry_at:
+                    gathered = time.monotonic() - self._queued_at
+                    if gathered < LINGER and len(self._queue) < BATCH:
+                        time.sleep(LINGER - gathered)
+                    self.flush(drain=False)
                 with self._lock:
                     busy = bool(self._active)
                 if busy and time.monotonic() - self._last_heartbeat >= interval * 0.9:
@@ -317,3 +409,10 @@ class Tracker:
                         self._beats.succeeded()
             except Exception:  # never let the thread die: it carries the pending outcomes
                 logger.exception("celery_boundedbeat: heartbeat loop iteration failed")
+
+    def _idle_for(self, interval: float) -> float:
+        """How long the thread may sleep: until the next retry while the database is away
+        (new reports do not hasten it), else until the next heartbeat or a report wakes it."""
+        if self._queue:
+            return max(0.0, min(interval, self._retry_at - time.monotonic()))
+        return interval

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "alertlog",
             "retention",
             "store",
+            "worklog",
             "prepared",
             "notify",
         ),

@@ -147,7 +147,7 @@ def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in
         tracker.started(run_id, "w@host", None)
         tracker.settle(run_id, RunState.COMPLETED)
         tracker.settle(run_id, RunState.COMPLETED)  # a duplicate signal: nothing more is kept
-        assert [type(item).__name__ for item in tracker._retry] == ["_PendingStart", "_PendingSettle"]
+        assert [type(item).__name__ for item in tracker._queue] == ["_PendingStart", "_PendingSettle"]
         assert store.run(run_id).state == "queued"  # type: ignore[union-attr]
         tracker._settings = Settings(database_url=postgres_url)  # the database is back
         assert tracker.flush() is True
@@ -157,7 +157,7 @@ def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in
             run.started_at is not None and run.finished_at is not None and run.started_at <= run.finished_at
         )
         assert counters(store) == (1, 0, 0)
-        assert tracker.flush() is True and not tracker._retry
+        assert tracker.flush() is True and not tracker._queue
     finally:
         dispose_all()
 

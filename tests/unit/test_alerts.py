@@ -289,7 +289,7 @@ def test_a_settle_rolled_back_leaves_no_alert(store: Store) -> None:
     store.failing_threshold = 1
     run_id = _run(store, entries, T0)
     with pytest.raises(RuntimeError), store.session() as s:
-        assert store._settle(s, run_id, F, now=T0 + sec(1), error="boom")
+        assert store.settle_in(s, run_id, F, now=T0 + sec(1), error="boom")
         raise RuntimeError("the transaction fails after the settle")
     assert store.take_alerts() == []
     assert store.run(run_id).state == "started"  # type: ignore[union-attr]

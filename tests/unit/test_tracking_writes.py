@@ -1,4 +1,4 @@
-"""The worker's write-behind buffer retries outages in order and never stalls on a data error."""
+"""The worker's write-behind queue: batched, retried in order through outages, never stalled by bad data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from sqlalchemy.exc import DataError, OperationalError
 
 from celery_boundedbeat.enums import RunState
 from celery_boundedbeat.store import Settled
-from celery_boundedbeat.tracking import Tracker
+from celery_boundedbeat.tracking import BATCH, Tracker
+from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport
 
 
 class FakeStore:
@@ -20,6 +21,18 @@ class FakeStore:
         self.down = False
         self.refuse_errors = False
         self.written: list[tuple[str, RunState, str | None]] = []
+        #: (starts, outcomes) of each batch written whole.
+        self.batches: list[tuple[list[str], list[str]]] = []
+
+    def write_many(self, starts: list[StartReport], outcomes: list[OutcomeReport]) -> list[Settled | None]:
+        """A batch is one transaction: refused or written whole."""
+        if self.down:
+            raise OperationalError("UPDATE", {}, ConnectionRefusedError("database is down"))
+        if self.refuse_errors and any(o.error is not None for o in outcomes):
+            raise DataError("UPDATE", {}, ValueError("invalid byte sequence"))
+        self.batches.append(([s.run_id for s in starts], [o.run_id for o in outcomes]))
+        self.written += [(o.run_id, o.state, o.error) for o in outcomes]
+        return [Settled(run_id=o.run_id, schedule="s", state=o.state, elapsed_ms=1) for o in outcomes]
 
     def settle_run(self, run_id: str, state: RunState, *, error: str | None = None, **_: Any) -> Settled:
         if self.down:
@@ -37,6 +50,8 @@ class FakeStore:
 
 
 class FakeTracker(Tracker):
+    """No writer thread: the tests flush themselves, so what is written when is deterministic."""
+
     def __init__(self, store: FakeStore) -> None:
         super().__init__(Celery("t", set_as_current=False))
         self.fake = store
@@ -44,6 +59,12 @@ class FakeTracker(Tracker):
     @property
     def store(self) -> Any:  # type: ignore[override]
         return self.fake
+
+    def _ensure_heartbeat(self) -> None:
+        pass
+
+    def _write_many(self, starts: Any, outcomes: Any, beat: Beat | None) -> list[Settled | None]:
+        return self.fake.write_many(starts, outcomes)
 
 
 @pytest.fixture
@@ -58,12 +79,31 @@ def test_a_data_error_records_the_outcome_without_its_text_and_later_writes_go_o
     tracker.fake.refuse_errors = True
     tracker.settle("r1", RunState.FAILED, "boom")
     tracker.settle("r2", RunState.COMPLETED)
+    assert tracker.flush() is True
     assert [(run, state) for run, state, _ in tracker.fake.written] == [
         ("r1", RunState.FAILED),
         ("r2", RunState.COMPLETED),
     ]
     assert "not recordable: DataError" in (tracker.fake.written[0][2] or "")
+    assert tracker.fake.batches == [] and not tracker._queue
+
+
+def test_reports_are_queued_without_waiting_and_written_as_one_batch_starts_first(
+    tracker: FakeTracker,
+) -> None:
+    """The task thread only queues; one flush writes everything queued, in batches of ``BATCH``."""
+    tracker.started("r1", "w@h", None)
+    tracker.settle("r0", RunState.COMPLETED)
+    tracker.settle("r1", RunState.COMPLETED)
+    tracker.settle("r1", RunState.FAILED, "a second report of r1")  # dropped: the first one wins
+    assert tracker.fake.written == [] and len(tracker._queue) == 3
     assert tracker.flush() is True
+    assert tracker.fake.batches == [(["r1"], ["r0", "r1"])]
+    for n in range(BATCH + 1):
+        tracker.settle(f"b{n}", RunState.COMPLETED)
+    assert tracker.flush() is True
+    assert [len(outcomes) for _, outcomes in tracker.fake.batches[1:]] == [BATCH, 1]
+    assert [run for run, _, _ in tracker.fake.written[2:]] == [f"b{n}" for n in range(BATCH + 1)]
 
 
 def test_an_outage_keeps_every_write_in_order_until_the_database_returns(tracker: FakeTracker) -> None:
@@ -93,7 +133,8 @@ def test_a_refused_fallback_during_an_outage_is_retried_not_dropped(tracker: Fak
 
     tracker.fake.settle_run = flaky  # type: ignore[method-assign]
     tracker.settle("r1", RunState.FAILED, "boom")
-    assert tracker.fake.written == []
+    assert tracker.flush() is False  # refused, then the fallback met the outage: kept
+    assert tracker.fake.written == [] and len(tracker._queue) == 1
     assert tracker.flush() is True
     assert [(run, state) for run, state, _ in tracker.fake.written] == [("r1", RunState.FAILED)]
 
@@ -104,6 +145,7 @@ def test_unknown_task_settles_rejected_and_logs_the_name_once(
     """A run of a task the worker does not know settles rejected at once, its name logged once."""
     tracker.unknown_task("r1", "proj.nosuch")
     tracker.unknown_task("r2", "proj.nosuch")
+    assert tracker.flush() is True
     assert [(run, state) for run, state, _ in tracker.fake.written] == [
         ("r1", RunState.REJECTED),
         ("r2", RunState.REJECTED),
@@ -120,3 +162,18 @@ def test_error_texts_are_stored_with_nul_and_lone_surrogates_escaped() -> None:
     assert "\x00" not in text and "\udce9" not in text
     text.encode("utf-8")  # strict: would raise on a lone surrogate
     assert "\\udce9" in text and "\\x00" in text
+
+
+def test_during_an_outage_new_reports_do_not_hasten_the_next_attempt(tracker: FakeTracker) -> None:
+    """The writer sleeps until the retry time however many reports arrive, then tries at once."""
+    tracker.fake.down = True
+    tracker.settle("r1", RunState.COMPLETED)
+    assert tracker.flush() is False
+    first = tracker._idle_for(10.0)
+    tracker.settle("r2", RunState.COMPLETED)
+    assert 0.5 < tracker._idle_for(10.0) <= first <= 1.0
+    tracker._retry_at = 0.0  # the retry time has come
+    assert tracker._idle_for(10.0) == 0.0
+    assert tracker._idle_for(10.0) == 0.0 and len(tracker._queue) == 2
+    tracker.fake.down = False
+    assert tracker.flush() is True and tracker._idle_for(10.0) == 10.0

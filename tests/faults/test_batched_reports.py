@@ -1,0 +1,204 @@
+"""A batch of worker reports ends exactly where the same reports written one by one end.
+
+The tracker writes what its process queued in one transaction (``worklog.write_reports``);
+these tests replay the same mixed reports (starts, outcomes, duplicates, a redelivery, the
+reaper settling a run lost before the task's own outcome arrives) once report by report
+through ``Store.start_run`` / ``Store.settle_run`` and once batched, on two copies of the
+same schedules, and compare every run row, schedule counter and alert.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from celery_boundedbeat.engine import dispose_all, get_engine
+from celery_boundedbeat.entries import parse_entry
+from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow, WorkerRow
+from celery_boundedbeat.store import LATE_OUTCOME, Store
+from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport, write_reports
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+SCHEDULES = 3
+TICKS = 4
+OUTCOMES = [RunState.COMPLETED, RunState.FAILED, RunState.TIMED_OUT, RunState.REVOKED, RunState.REJECTED]
+
+
+def sec(n: float) -> timedelta:
+    return timedelta(seconds=n)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    url = str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
+    engine = get_engine(url)
+    upgrade(engine)
+    try:
+        yield Store(engine, failing_threshold=2)
+    finally:
+        dispose_all()
+
+
+def emit_copies(store: Store, *prefixes: str) -> list[dict[tuple[int, int], str]]:
+    """Per prefix SCHEDULES schedules x TICKS runs (fixed_rate, room for all): run id by (schedule, tick)."""
+    rng = random.Random(3)
+    policy = {"mode": "fixed_rate", "max_concurrency": TICKS}
+    specs = {}
+    for prefix in prefixes:
+        for n in range(SCHEDULES):
+            entry = {"task": "proj.t", "schedule": 10, "policy": policy}
+            spec, problems = parse_entry(f"{prefix}{n}", entry, {})
+            assert spec is not None, problems
+            specs[spec.name] = spec
+    store.sync_config(list(specs.values()), T0, rng)  # one config: a second call would remove the first
+    ids: list[dict[tuple[int, int], str]] = [{} for _ in prefixes]
+    for tick in range(TICKS):
+        for run in store.tick(specs, T0 + sec(10 * tick), rng, 10).emitted:
+            prefix, n = run.schedule.rsplit("-", 1)
+            ids[prefixes.index(prefix + "-")][(int(n), tick)] = run.id
+    assert all(len(copy) == SCHEDULES * TICKS for copy in ids)
+    return ids
+
+
+def script(seed: int) -> list[list[tuple[str, Any]]]:
+    """Batches of events for runs named (schedule, tick); ``reap`` events stand between batches."""
+    rng = random.Random(seed)
+    events: list[tuple[float, tuple[str, Any]]] = []
+    for key in [(s, t) for s in range(SCHEDULES) for t in range(TICKS)]:
+        at = 10 * key[1] + rng.uniform(0, 3)
+        events.append((at, ("start", (key, at))))
+        if rng.random() < 0.2:
+            events.append((at + 0.1, ("start", (key, at + 0.1))))  # redelivered to another process
+        end = at + rng.uniform(0.1, 6)
+        if rng.random() < 0.2:
+            events.append((end - 0.05, ("reap", (key, end - 0.05))))  # lost before its outcome arrives
+        state = rng.choice(OUTCOMES)
+        events.append((end, ("outcome", (key, end, state))))
+        if rng.random() < 0.3:
+            events.append((end + 0.01, ("outcome", (key, end + 0.01, rng.choice(OUTCOMES)))))
+    events.sort(key=lambda e: e[0])
+    batches: list[list[tuple[str, Any]]] = [[]]
+    for _, event in events:
+        if event[0] == "reap":
+            batches += [[event], []]
+        else:
+            batches[-1].append(event)
+            if rng.random() < 0.25:
+                batches.append([])
+    return [b for b in batches if b]
+
+
+def apply_one_by_one(
+    store: Store, ids: dict[tuple[int, int], str], batches: list[list[tuple[str, Any]]]
+) -> None:
+    """Each batch as the tracker's contract says it lands: its starts, then its outcomes, in order."""
+    for batch in batches:
+        for kind, event in sorted(batch, key=lambda e: e[0] != "start"):
+            if kind == "start":
+                key, at = event
+                store.start_run(
+                    ids[key], worker="w", process=f"h:{at:.1f}", now=T0 + sec(at), max_run_time=30
+                )
+            elif kind == "outcome":
+                key, at, state = event
+                store.settle_run(ids[key], state, now=T0 + sec(at), error=f"e{at:.2f}", late=True)
+            else:
+                key, at = event
+                store.settle_run(ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped")
+
+
+def apply_batched(
+    store: Store, ids: dict[tuple[int, int], str], batches: list[list[tuple[str, Any]]]
+) -> None:
+    for batch in batches:
+        if batch[0][0] == "reap":
+            key, at = batch[0][1]
+            store.settle_run(ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped")
+            continue
+        starts = [
+            StartReport(run_id=ids[key], worker="w", process=f"h:{at:.1f}", at=T0 + sec(at), limit=30)
+            for kind, (key, at, *_) in batch
+            if kind == "start"
+        ]
+        outcomes = [
+            OutcomeReport(run_id=ids[key], state=rest[0], at=T0 + sec(at), error=f"e{at:.2f}", stop=False)
+            for kind, (key, at, *rest) in batch
+            if kind == "outcome"
+        ]
+        write_reports(store, starts, outcomes, rng=random.Random(1))
+
+
+def picture(store: Store, prefix: str, ids: dict[tuple[int, int], str]) -> dict[str, Any]:
+    """Everything the reports changed, keyed by (schedule, tick) instead of the run ids."""
+    by_id = {run_id: key for key, run_id in ids.items()}
+    cols = ["state", "started_at", "published_at", "finished_at", "elapsed_ms", "error", "worker", "process"]
+    cols += ["deadline_at"]
+    with store.session() as s:
+        runs = {
+            by_id[r.id]: tuple(getattr(r, c) for c in cols)
+            for r in s.scalars(select(RunRow).where(RunRow.schedule.startswith(prefix)))
+        }
+        keep = ["runs", "failures", "active_runs", "consecutive_failures", "last_elapsed_ms"]
+        keep += ["max_elapsed_ms", "failing_since", "pending", "next_due_at"]
+        schedules = {
+            row.name.removeprefix(prefix): tuple(getattr(row, c) for c in keep)
+            for row in s.scalars(select(ScheduleRow).where(ScheduleRow.name.startswith(prefix)))
+        }
+        alerts = sorted(
+            (a.kind, a.schedule.removeprefix(prefix), by_id.get(a.run_id or ""), a.state, a.count)
+            for a in s.scalars(select(AlertRow).where(AlertRow.schedule.startswith(prefix)))
+        )
+    return {"runs": runs, "schedules": schedules, "alerts": alerts}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_reports_end_where_the_same_reports_one_by_one_end(store: Store, seed: int) -> None:
+    """Same runs, counters, late-outcome notes and alerts, batched or not."""
+    one, many = emit_copies(store, "one-", "many-")
+    batches = script(seed)
+    apply_one_by_one(store, one, batches)
+    apply_batched(store, many, batches)
+    expected, got = picture(store, "one-", one), picture(store, "many-", many)
+    show_differences(expected, got)
+    assert got == expected
+    states = [run[0] for run in got["runs"].values()]
+    assert all(state in {s.value for s in OUTCOMES} | {"lost"} for state in states), states
+    assert sum(row[0] + row[1] for row in got["schedules"].values()) == SCHEDULES * TICKS
+
+
+def test_a_batch_writes_its_heartbeat_first_and_notes_a_late_outcome_once(store: Store) -> None:
+    """A first start brings the process's heartbeat row; an outcome after ``lost`` is a note only."""
+    (ids,) = emit_copies(store, "hb-")
+    a, b = ids[(0, 0)], ids[(1, 0)]
+    beat = Beat(process="h:7", hostname="h", pid=7, at=T0 + sec(1))
+    assert write_reports(store, [StartReport(a, "w", "h:7", T0 + sec(1), None)], [], beat=beat) == []
+    with store.session() as s:
+        assert s.get(WorkerRow, "h:7") is not None
+    store.settle_run(a, RunState.LOST, now=T0 + sec(5), error="heartbeat stopped")
+    done = write_reports(
+        store,
+        [StartReport(b, "w", "h:7", T0 + sec(2), None)],
+        [
+            OutcomeReport(a, RunState.COMPLETED, T0 + sec(6), None, False),
+            OutcomeReport(b, RunState.COMPLETED, T0 + sec(3), None, False),
+            OutcomeReport(b, RunState.FAILED, T0 + sec(4), "dup", False),
+        ],
+    )
+    assert [d is not None for d in done] == [False, True, False]
+    run_a, run_b = store.run(a), store.run(b)
+    assert run_a is not None and run_a.state == "lost" and (run_a.error or "").count(LATE_OUTCOME) == 1
+    assert run_b is not None and (run_b.state, run_b.elapsed_ms, run_b.error) == ("completed", 1000, None)
+
+
+def show_differences(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for part in a:
+        for key in sorted(set(a[part]) | set(b[part]) if isinstance(a[part], dict) else []):
+            if a[part].get(key) != b[part].get(key):
+                print(part, key, "\n  got     ", b[part].get(key), "\n  expected", a[part].get(key))
