@@ -73,7 +73,14 @@ def range_refusal(start: datetime, end: datetime, now: datetime) -> BackfillRefu
     return None
 
 
-def _state_refusal(policy: Policy, state: ScheduleState, *, paused: bool) -> BackfillRefused | None:
+def _state_refusal(
+    policy: Policy, state: ScheduleState, *, paused: bool, kind: str
+) -> BackfillRefused | None:
+    if kind == "solar":
+        return BackfillRefused(
+            reason="a solar schedule's past event times are not computed (its grid is measured from the "
+            "wall clock), so it cannot be backfilled"
+        )
     if policy.mode is Mode.FIXED_DELAY:
         return BackfillRefused(
             reason="mode 'fixed_delay' has no grid (each run is due a period after the last finished), "
@@ -137,14 +144,16 @@ def on_backfill(
     *,
     paused: bool,
     run_times: Collection[datetime],
+    kind: str = "interval",
 ) -> Backfilled | BackfillRefused:
     """Queue the grid times in ``[start, end]`` that have no run and are not already waiting.
 
     ``run_times`` are the ``scheduled_for`` of the schedule's runs in the range, read in the
     same transaction; the unique run key still guards the write (:func:`without_taken`).
-    The schedule becomes due at once, so a running beat starts them as slots free.
+    ``kind`` is the stored grid's kind (``interval``, ``crontab``, ``solar``). The schedule
+    becomes due at once, so a running beat starts them as slots free.
     """
-    refused = range_refusal(start, end, now) or _state_refusal(policy, state, paused=paused)
+    refused = range_refusal(start, end, now) or _state_refusal(policy, state, paused=paused, kind=kind)
     if refused is not None:
         return refused
     anchor = state.grid_at if state.grid_at is not None else now

@@ -485,6 +485,7 @@ class Store:
                 now,
                 paused=row.paused,
                 run_times=run_times,
+                kind=str((row.timing or {}).get("kind", "interval")),
             )
             if isinstance(decided, Backfilled) and decided.queued:
                 apply_state(row, decided.state, now)

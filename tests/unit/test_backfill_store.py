@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
+from celery.schedules import crontab, solar
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, select
 
@@ -149,6 +150,9 @@ def test_backfill_refuses_unknown_paused_and_fixed_delay_schedules_and_bad_range
     add_schedule(app, "slow", "proj.poll", 10.0, policy={"mode": "fixed_delay"})
     with pytest.raises(BackfillRefusedError, match="mode 'fixed_delay' has no grid"):
         backfill(app, "slow", now - sec(60), now - sec(1))
+    add_schedule(app, "dusk", "proj.poll", solar("sunset", 52.5, 13.4))
+    with pytest.raises(BackfillRefusedError, match="a solar schedule's past event times are not computed"):
+        backfill(app, "dusk", now - sec(86400), now - sec(1))
 
 
 def test_the_cli_prints_what_was_queued_and_refusals_on_one_line_with_exit_1(
@@ -173,3 +177,14 @@ def test_the_cli_prints_what_was_queued_and_refusals_on_one_line_with_exit_1(
     assert paused.exit_code == 1 and "cannot backfill 'feed': the schedule is paused" in paused.output
     missing = cli(app, "backfill", "feed", "--start", naive)
     assert missing.exit_code == 2 and "--end" in missing.output
+
+
+def test_a_crontab_schedule_backfills_its_calendar_times(app: Celery, store: Store) -> None:
+    """An every-minute crontab queues the whole minutes in the range, from its stored definition."""
+    add_schedule(app, "cron", "proj.poll", crontab(minute="*"))
+    now = utcnow()
+    start, end = now - sec(5 * 60), now - sec(1)
+    first = start.replace(second=0, microsecond=0) + sec(60)
+    expected = [first + sec(60 * k) for k in range(6) if first + sec(60 * k) <= end]
+    result = backfill(app, "cron", start, end)
+    assert result.queued == tuple(expected) and result.had_runs == 0
