@@ -209,4 +209,6 @@ def without_taken(outcome: TickOutcome, taken: Sequence[datetime], now: datetime
         overlaps=max(overlaps, 0),
         next_due_at=due if state.backfill else state.next_due_at,
     )
+    if state.ended and state.active_runs == 0 and not state.asked:
+        state = replace(state, stopped=True, next_due_at=None)  # it was the ended schedule's last run
     return replace(outcome, state=state, emit=tuple(kept))

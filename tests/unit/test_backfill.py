@@ -316,6 +316,19 @@ def test_a_taken_run_key_gives_its_slot_back_and_keeps_the_schedule_due() -> Non
     assert without_taken(outcome, [], beat.now) is outcome
 
 
+def test_an_ended_schedule_whose_last_backfilled_time_was_taken_shows_stopped() -> None:
+    """Nothing active or waiting after the taken time is given back: the ended schedule stops."""
+    beat = Beat(parse({"max_runs": 1}))
+    beat.backfill(T0 + sec(10), T0 + sec(10))
+    beat.now = beat.state.grid_at or beat.now
+    beat.look()  # the last grid run
+    beat.finish_all()
+    outcome = on_due(beat.policy, beat.timing, beat.state, beat.now, RNG)
+    assert [e.scheduled_for for e in outcome.emit] == [T0 + sec(10)] and not outcome.state.stopped
+    fixed = without_taken(outcome, [T0 + sec(10)], beat.now)
+    assert fixed.emit == () and fixed.state.stopped and fixed.state.next_due_at is None
+
+
 def test_a_change_to_fixed_delay_drops_the_waiting_backfill() -> None:
     """fixed_delay has no grid: grid times still waiting are dropped when the mode changes to it."""
     from celery_boundedbeat.policy import EntrySpec
