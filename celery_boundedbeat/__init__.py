@@ -7,6 +7,7 @@ from typing import Any
 from . import signals
 from .enums import MissedTicks, Mode, RunState, StopReason
 from .exceptions import (
+    BackfillRefusedError,
     BoundedBeatError,
     ConfigurationError,
     DatabaseNotMigratedError,
@@ -17,9 +18,11 @@ from .exceptions import (
 from .outbox import enqueue
 from .receivers import CurrentRun, current_run, install, stop_schedule
 from .reports import RunRecord, ScheduleSnapshot, history, snapshot
-from .schedules import add_schedule, remove_schedule, update_schedule
+from .schedules import BackfillResult, add_schedule, backfill, remove_schedule, update_schedule
 
 __all__ = [
+    "BackfillRefusedError",
+    "BackfillResult",
     "BoundedBeatError",
     "ConfigurationError",
     "CurrentRun",
@@ -35,6 +38,7 @@ __all__ = [
     "StopReason",
     "UnknownScheduleError",
     "add_schedule",
+    "backfill",
     "current_run",
     "enqueue",
     "history",

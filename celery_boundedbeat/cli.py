@@ -1,4 +1,4 @@
-"""``celery -A proj boundedbeat ...``: migrate, status, history, pause, resume, trigger, purge, dispatch."""
+"""``celery -A proj boundedbeat ...``: migrate, status, history, pause, resume, trigger, backfill, ..."""
 
 from __future__ import annotations
 
@@ -524,6 +524,20 @@ def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
     if not removed:
         raise click.ClickException(f"no schedule named {name!r}")
     click.echo(f"{name}: removed")
+
+
+@boundedbeat.command("backfill")
+@click.argument("name")
+@click.option("--start", required=True, help="ISO 8601 time; without an offset it is UTC.")
+@click.option("--end", required=True, help="ISO 8601 time, not in the future; without an offset it is UTC.")
+@click.pass_context
+def backfill_cmd(ctx: click.Context, name: str, start: str, end: str) -> None:
+    """Queue NAME's grid times in [START, END] that have no run yet, under its concurrency bound."""
+    from .schedules import backfill
+
+    app = _app(ctx)
+    result = _changing("backfill", app, lambda: backfill(app, name, start, end))
+    click.echo(result.describe())
 
 
 # -- check: validate beat_schedule as beat would, without a database ----------------------------

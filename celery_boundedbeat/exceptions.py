@@ -45,3 +45,12 @@ class ScheduleEndedError(BoundedBeatError):
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
         super().__init__(f"cannot resume {name!r}: {reason}")
+
+
+class BackfillRefusedError(BoundedBeatError):
+    """``backfill`` was asked of a schedule that cannot take it (paused, stopped, fixed delay, full)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"cannot backfill {name!r}: {reason}")

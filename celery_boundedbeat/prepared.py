@@ -53,7 +53,7 @@ def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
 
     Slots only free up in the meantime (only the lease holder starts runs): an outcome that
     emits without skipping, coalescing or keeping anything waiting is the outcome at the due
-    time too. Queued triggers compete for slots, so their schedules are never prepared.
+    time too. Queued triggers and backfill compete for slots, so their schedules are never prepared.
     """
     return (
         bool(outcome.emit)
@@ -62,6 +62,8 @@ def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
         and not outcome.state.pending
         and not before.triggers
         and not outcome.state.triggers
+        and not before.backfill
+        and not outcome.state.backfill
     )
 
 

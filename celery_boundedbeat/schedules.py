@@ -1,4 +1,4 @@
-"""Runtime schedules: add, change and remove schedules from any process (CONTRACT §8).
+"""Runtime schedules: add, change, remove and backfill schedules from any process (CONTRACT §8).
 
 A schedule per tenant, per feed, per customer, made by application code (a Django view, a
 worker task, a script) while beat runs, or with no beat running at all. Each call is one
@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from celery import Celery
 
-from .definitions import define, stored_entry
+from .backfill import Backfilled, BackfillRefused, as_utc, range_refusal
+from .definitions import define, from_row, stored_entry
 from .engine import get_engine
-from .exceptions import ConfigurationError
+from .exceptions import BackfillRefusedError, ConfigurationError, UnknownScheduleError
 from .policy import Definition
 from .schema import ScheduleRow
 from .settings import Settings
@@ -156,3 +159,64 @@ def remove_schedule(app: Celery, name: str, *, revoke_active: bool = False) -> b
                 exc,
             )
     return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BackfillResult:
+    """What one ``backfill`` call queued; the runs start as the schedule's slots free."""
+
+    name: str
+    #: Grid times queued now, oldest first (each becomes a run whose ``scheduled_for`` it is).
+    queued: tuple[datetime, ...]
+    #: Grid times in the range that already had a run (never emitted twice).
+    had_runs: int
+    #: Grid times in the range already waiting (an earlier backfill, a pending tick, a trigger).
+    waiting: int
+
+    def describe(self) -> str:
+        """One line for people: ``backfill NAME: 12 grid times queued, 3 already had runs``."""
+        line = f"backfill {self.name}: {_times(len(self.queued))} queued, {self.had_runs} already had runs"
+        if self.waiting:
+            line += f", {self.waiting} already waiting"
+        if self.queued:
+            line += f" (first {self.queued[0].isoformat()}, last {self.queued[-1].isoformat()})"
+        return line
+
+
+def _times(n: int) -> str:
+    return f"{n} grid time" if n == 1 else f"{n} grid times"
+
+
+def backfill(app: Celery, name: str, start: datetime | str, end: datetime | str) -> BackfillResult:
+    """Queue the schedule's grid times in ``[start, end]`` that have no run yet (Temporal's backfill).
+
+    A running beat starts them oldest first as slots free, under the policy's concurrency
+    bound, at most :data:`~celery_boundedbeat.ticks.BACKFILL_PER_TICK` per tick; they keep the
+    grid time as ``scheduled_for`` and do not count toward ``max_runs``. ``start`` and ``end``
+    are datetimes or ISO 8601 strings (naive ones are UTC); the range is in the past and holds
+    at most :data:`~celery_boundedbeat.backfill.BACKFILL_CAP` grid times. Raises
+    :class:`UnknownScheduleError`, :class:`ConfigurationError` (a bad range) or
+    :class:`BackfillRefusedError` (paused, stopped, ended, ``fixed_delay``, too many waiting).
+    """
+    _check_name(name)
+    bounds = {key: as_utc(value, key) for key, value in (("start", start), ("end", end))}
+    bad = [(name, key, v.reason) for key, v in bounds.items() if isinstance(v, BackfillRefused)]
+    if bad:
+        raise ConfigurationError(bad)
+    first, last = bounds["start"], bounds["end"]
+    assert isinstance(first, datetime) and isinstance(last, datetime)
+    now = utcnow()
+    refused = range_refusal(first, last, now)
+    if refused is None:
+        _, store = _context(app)
+        decided = store.backfill(name, first, last, now, lambda row: from_row(row, app).spec)
+        if decided is None:
+            raise UnknownScheduleError(name)
+        if isinstance(decided, Backfilled):
+            return BackfillResult(
+                name=name, queued=decided.queued, had_runs=decided.had_runs, waiting=decided.waiting
+            )
+        refused = decided
+    if refused.key is not None:
+        raise ConfigurationError([(name, refused.key, refused.reason)])
+    raise BackfillRefusedError(name, refused.reason)

@@ -101,6 +101,8 @@ class ScheduleRow(Base):
     pending: Mapped[list[str]] = mapped_column(JSON, default=list)
     #: Triggered runs waiting for a slot (ISO 8601 times), apart from the grid ticks in ``pending``.
     triggers: Mapped[list[str]] = mapped_column(JSON, default=list)
+    #: Backfilled grid times waiting for a slot (ISO 8601, oldest first): ``backfill`` queued them.
+    backfill: Mapped[list[str]] = mapped_column(JSON, default=list)
     runs: Mapped[int] = mapped_column(BigInteger, default=0)
     skips: Mapped[int] = mapped_column(BigInteger, default=0)
     overlaps: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from .alertlog import note_settle, take
 from .alerts import Alert
+from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
 from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
 from .enums import ACTIVE_STATES, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
@@ -214,10 +215,15 @@ def record_outcome(
     run_rows: list[dict[str, Any]],
     queue_rows: list[dict[str, Any]],
 ) -> None:
-    """Write a due schedule's decided outcome into its row and collect the runs it emits."""
+    """Write a due schedule's decided outcome into its row and collect the runs it emits.
+
+    Backfilled runs are left out: :meth:`Store.tick` writes them first, guarded by the run key.
+    """
     apply_state(row, outcome.state, now)
     result.outcomes[row.name] = outcome
     for emission in outcome.emit:
+        if emission.backfilled:
+            continue
         run, queued, emitted = emission_rows(spec, row.name, emission, now, expires_after)
         run_rows.append(run)
         queue_rows.append(queued)
@@ -336,15 +342,66 @@ class Store:
                     result.unusable.append(row.name)
                     continue
                 outcome = on_due(spec.policy, spec.timing, state_of(row), now, rng)
+                if any(e.backfilled for e in outcome.emit):
+                    outcome = self._write_backfilled(
+                        s, spec, row.name, outcome, now, expires_after, result, queue_rows
+                    )
                 record_outcome(row, spec, outcome, now, expires_after, result, run_rows, queue_rows)
             s.flush()
             if run_rows:
                 # Core executemany: the ORM's bulk insert cost a fifth of a 1,000-run tick.
                 s.execute(insert(cast(Table, RunRow.__table__)), run_rows)
+            if queue_rows:
                 s.execute(insert(cast(Table, QueueRow.__table__)), queue_rows)
                 self._notify(s, QUEUE_CHANNEL)
             result.next_due_at = self._next_due(s)
         return result
+
+    def _write_backfilled(
+        self,
+        s: Session,
+        spec: EntrySpec,
+        name: str,
+        outcome: TickOutcome,
+        now: datetime,
+        expires_after: float | None,
+        result: TickResult,
+        queue_rows: list[dict[str, Any]],
+    ) -> TickOutcome:
+        """Insert the backfilled runs of one outcome, each only if its grid time has no run yet.
+
+        ``ON CONFLICT DO NOTHING`` on the unique ``(schedule, scheduled_for)`` key decides, in
+        the write itself: a run emitted for that time by anyone, at any moment, wins. A time
+        found taken gives its slot back (:func:`~.backfill.without_taken`). The queue rows of
+        the runs written join ``queue_rows``, inserted with the tick's others.
+        """
+        runs = cast(Table, RunRow.__table__)
+        taken: list[datetime] = []
+        for emission in outcome.emit:
+            if not emission.backfilled:
+                continue
+            run, queue_row, emitted = emission_rows(spec, name, emission, now, expires_after)
+            inserted = s.execute(
+                self._insert_if_free(runs).values(**run).returning(runs.c.id)
+            ).scalar_one_or_none()
+            if inserted is None:
+                taken.append(emission.scheduled_for)
+                continue
+            queue_rows.append(queue_row)
+            result.emitted.append(emitted)
+        if taken:
+            logger.info(
+                "celery_boundedbeat: %s: %d backfilled grid time(s) already had a run", name, len(taken)
+            )
+        return without_taken(outcome, taken, now)
+
+    def _insert_if_free(self, table: Table) -> Any:
+        """``INSERT ... ON CONFLICT (schedule, scheduled_for) DO NOTHING`` for this dialect."""
+        if self.is_postgres:
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
+        return dialect_insert(table).on_conflict_do_nothing(index_elements=["schedule", "scheduled_for"])
 
     def _next_due(self, s: Session) -> datetime | None:
         return s.scalar(
@@ -394,6 +451,46 @@ class Store:
             apply_state(row, decided.state, now)
             self._notify(s, SETTLED_CHANNEL, name)
             return decided.scheduled_for
+
+    def backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        now: datetime,
+        resolve: Callable[[ScheduleRow], EntrySpec],
+    ) -> Backfilled | BackfillRefused | None:
+        """Queue the grid times in ``[start, end]`` that have no run (``None``: unknown name).
+
+        :func:`~celery_boundedbeat.backfill.on_backfill` decides from the row and the run
+        times already in the range; the beat emits the queued times as slots free, each
+        written only if its run key is still free (:meth:`_write_backfilled`).
+        """
+        with self.session() as s:
+            row = s.get(ScheduleRow, name, with_for_update=True)
+            if row is None:
+                return None
+            spec = resolve(row)
+            run_times = s.scalars(
+                select(RunRow.scheduled_for).where(
+                    RunRow.schedule == name, RunRow.scheduled_for >= start, RunRow.scheduled_for <= end
+                )
+            ).all()
+            decided = on_backfill(
+                spec.policy,
+                spec.timing,
+                state_of(row),
+                start,
+                end,
+                now,
+                paused=row.paused,
+                run_times=run_times,
+                kind=str((row.timing or {}).get("kind", "interval")),
+            )
+            if isinstance(decided, Backfilled) and decided.queued:
+                apply_state(row, decided.state, now)
+                self._notify(s, SETTLED_CHANNEL, name)
+            return decided
 
     # -- queue -----------------------------------------------------------------------
 

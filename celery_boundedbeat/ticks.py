@@ -28,6 +28,13 @@ workers still owe once the schedule's slots free. So the queue is bounded like `
 but the caller hears about it (``TriggerRefused``): a trigger is never dropped silently.
 """
 
+BACKFILL_PER_TICK = 100
+"""Backfilled runs one schedule starts in one tick, however many slots are free.
+
+A wide ``fixed_rate`` bound would otherwise turn a long backfill into one huge tick
+transaction; the rest start in the ticks right after (the schedule stays due meanwhile).
+"""
+
 #: The database's time resolution: the smallest step that keeps two ``scheduled_for`` apart.
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -42,6 +49,9 @@ class ScheduleState:
     #: Triggered runs waiting for a slot, first asked first: never coalesced, skipped or counted
     #: as grid ticks (at most :data:`MAX_QUEUED_TRIGGERS`).
     triggers: tuple[datetime, ...] = ()
+    #: Backfilled grid times waiting for a slot, oldest first (``backfill`` queued them); they
+    #: start after triggers and pending ticks, and never count toward ``max_runs``.
+    backfill: tuple[datetime, ...] = ()
     grid_at: datetime | None = None
     next_due_at: datetime | None = None
     runs: int = 0
@@ -69,8 +79,13 @@ class ScheduleState:
 
     @property
     def waiting_runs(self) -> int:
-        """Runs waiting for a slot: pending grid ticks and queued triggers (``pending_runs``)."""
-        return len(self.pending) + len(self.triggers)
+        """Runs waiting for a slot: pending ticks, triggers and backfill (``pending_runs``)."""
+        return len(self.pending) + len(self.triggers) + len(self.backfill)
+
+    @property
+    def asked(self) -> bool:
+        """Whether runs asked for by hand wait (triggers, backfill): they outlive the schedule's end."""
+        return bool(self.triggers or self.backfill)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +97,8 @@ class Emission:
     overlap: bool
     #: Asked for by ``trigger``, not a grid tick (nor a fixed-delay due time).
     triggered: bool = False
+    #: A past grid time queued by ``backfill``: written only if it has no run yet.
+    backfilled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,12 +173,14 @@ class _Due:
     active: int
     pending: list[datetime]
     triggers: list[datetime]
+    backfill: list[datetime]
     overlaps: int
     skips: int
     drift: int | None
     grid_at: datetime | None
     next_due: datetime | None
     grid_runs: int = 0
+    backfilled: int = 0
     emit: list[Emission] = field(default_factory=list)
     skipped: int = 0
     coalesced: bool = False
@@ -175,6 +194,7 @@ class _Due:
             active=state.active_runs,
             pending=list(state.pending),
             triggers=list(state.triggers),
+            backfill=list(state.backfill),
             overlaps=state.overlaps,
             skips=state.skips,
             drift=state.last_drift_ms,
@@ -192,28 +212,44 @@ class _Due:
             return 1 << 62
         return max(self.policy.max_runs - self.grid_runs, 0)
 
-    def reserve(self, scheduled_for: datetime, *, triggered: bool = False) -> None:
+    def reserve(self, scheduled_for: datetime, *, triggered: bool = False, backfilled: bool = False) -> None:
         """Take a slot for a run of ``scheduled_for`` (an overlap if another is active)."""
         overlap = self.active > 0
         self.overlaps += int(overlap)
         self.active += 1
-        self.grid_runs += int(not triggered)
+        self.grid_runs += int(not triggered and not backfilled)
         drift_ms = _ms(self.now - scheduled_for)
         self.emit.append(
-            Emission(scheduled_for=scheduled_for, drift_ms=drift_ms, overlap=overlap, triggered=triggered)
+            Emission(
+                scheduled_for=scheduled_for,
+                drift_ms=drift_ms,
+                overlap=overlap,
+                triggered=triggered,
+                backfilled=backfilled,
+            )
         )
 
-    def start_waiting(self) -> None:
+    def start_backfill(self) -> None:
+        """Backfilled grid times take the slots left, oldest first, at most ``BACKFILL_PER_TICK``."""
+        while self.backfill and self.has_slot() and self.backfilled < BACKFILL_PER_TICK:
+            self.backfilled += 1
+            self.reserve(self.backfill.pop(0), backfilled=True)
+
+    def start_waiting(self, *, backfill: bool = True) -> None:
         """Waiting runs take the free slots: queued triggers first, then pending ticks, oldest first.
 
         Triggers go first because ``trigger`` promises a run at the next free slot: behind a
         ``catch_up`` backlog it would wait up to ``max_pending`` runs. Pending ticks lose at most
         :data:`MAX_QUEUED_TRIGGERS` slots to them, and keep their grid time as ``scheduled_for``.
+        Backfilled times come last, and after the live grid ticks (``backfill=False`` before
+        those): a backfill fills the past without pushing the schedule's own runs aside.
         """
         while self.triggers and self.has_slot():
             self.reserve(self.triggers.pop(0), triggered=True)
         while self.pending and self.has_slot() and self.grid_room():
             self.reserve(self.pending.pop(0))
+        if backfill:
+            self.start_backfill()
 
     def dodge(self, is_tick: Callable[[datetime], bool]) -> None:
         """Move a queued trigger that shares a grid tick's time 1 µs later.
@@ -222,7 +258,7 @@ class _Due:
         tick the beat had not handled yet would otherwise collide with that tick's run.
         """
         for i, at in enumerate(self.triggers):
-            taken = {*self.triggers[:i], *self.triggers[i + 1 :], *self.pending}
+            taken = {*self.triggers[:i], *self.triggers[i + 1 :], *self.pending, *self.backfill}
             while is_tick(at) or at in taken:
                 at += _MICROSECOND
             self.triggers[i] = at
@@ -233,6 +269,7 @@ class _Due:
             active_runs=self.active,
             pending=tuple(self.pending),
             triggers=tuple(self.triggers),
+            backfill=tuple(self.backfill),
             grid_at=self.grid_at,
             next_due_at=self.next_due,
             overlaps=self.overlaps,
@@ -277,7 +314,7 @@ def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Rando
         # Ticks after the end are not the schedule's any more: neither run nor skipped.
         count = bisect_right(range(count), due.policy.end_at, key=tick_at)
     # Waiting runs were asked for before the ticks passed now: they take the free slots first.
-    due.start_waiting()
+    due.start_waiting(backfill=False)
     due.ticks = count
     due.drift = _ms(due.now - grid_at)
     n_start = min(max(due.policy.limit - due.active, 0), count, due.grid_room())
@@ -336,7 +373,7 @@ def on_due(
         return TickOutcome(state=replace(state, next_due_at=None))
     if state.ended:
         return _due_ended(policy, state, now)
-    if not state.triggers and _end_reason(policy, state) is not None:
+    if not state.asked and _end_reason(policy, state) is not None:
         # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
         return _ended_if_over(policy, TickOutcome(state=state))
     due = _Due.of(policy, state, now)
@@ -354,15 +391,18 @@ def on_due(
         # A due time set for waiting runs (settle, trigger) must not stay in the past, or
         # the beat would spin until the next grid tick: waiting runs wait for a settle.
         due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
+    if due.backfill and due.has_slot():
+        due.next_due = now  # more backfill than one tick starts: the next tick goes on at once
     return _ended_if_over(policy, due.outcome(state))
 
 
 def _due_ended(policy: Policy, state: ScheduleState, now: datetime) -> TickOutcome:
-    """An ended schedule starts only the triggers queued before its end, as slots free."""
+    """An ended schedule starts only the triggers and backfill queued before its end, as slots free."""
     due = _Due.of(policy, state, now)
     while due.triggers and due.has_slot():
         due.reserve(due.triggers.pop(0), triggered=True)
-    due.next_due = None
+    due.start_backfill()
+    due.next_due = now if due.backfill and due.has_slot() else None
     return _ended_if_over(policy, due.outcome(state))
 
 
@@ -393,14 +433,14 @@ def _ended_if_over(policy: Policy, outcome: TickOutcome) -> TickOutcome:
         pending=(),
         skips=state.skips + dropped,
         grid_at=None,
-        next_due_at=state.next_due_at if state.triggers else None,
+        next_due_at=state.next_due_at if state.asked else None,
     )
     return replace(outcome, state=_settled_end(ended), skipped=outcome.skipped + dropped)
 
 
 def _settled_end(state: ScheduleState) -> ScheduleState:
     """An ended schedule with nothing active or waiting shows ``stopped``."""
-    if state.ended and state.active_runs == 0 and not state.triggers:
+    if state.ended and state.active_runs == 0 and not state.asked:
         return replace(state, stopped=True, next_due_at=None)
     return state
 
@@ -437,7 +477,7 @@ def on_settle(
     if stopped:
         next_due = None
     elif state.ended:
-        next_due = now if state.triggers else None
+        next_due = now if state.asked else None
     elif policy.mode is Mode.FIXED_DELAY:
         next_due = now + timedelta(seconds=gap_s) + jitter_delay(policy, gap_s, rng)
         if state.waiting_runs:
@@ -511,7 +551,11 @@ def on_trigger(
             reason=f"{MAX_QUEUED_TRIGGERS} triggered runs already wait for a slot (the most a schedule "
             "queues); try again once one has started"
         )
-    taken = [t for t in (*state.triggers, *state.pending, last_run_at) if t is not None and t >= now]
+    taken = [
+        t
+        for t in (*state.triggers, *state.pending, *state.backfill, last_run_at)
+        if t is not None and t >= now
+    ]
     at = max([now, *(t + _MICROSECOND for t in taken)])
     due = now if state.next_due_at is None else min(state.next_due_at, now)
     return Triggered(state=replace(state, triggers=(*state.triggers, at), next_due_at=due), scheduled_for=at)
@@ -647,6 +691,8 @@ def _within_pending_bound(policy: Policy, state: ScheduleState) -> ScheduleState
     ``max_pending`` would stay exceeded, and ``coalesce_latest`` would later replace several
     pending ticks at once.
     """
+    if policy.mode is Mode.FIXED_DELAY and state.backfill:
+        state = replace(state, backfill=())  # no grid any more: its grid times mean nothing now
     bound = pending_bound(policy)
     extra = len(state.pending) - bound
     if extra <= 0:
