@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "decisions",
         "pure: values in, values out; no SQL, Celery or Django",
-        ("redact", "runtime", "timing", "settings", "policy", "ticks", "alerts", "messages"),
+        ("redact", "runtime", "timing", "wallclock", "settings", "policy", "ticks", "alerts", "messages"),
     ),
     (
         "sql",
