@@ -237,3 +237,14 @@ def test_a_config_crontab_follows_a_changed_app_zone_at_the_next_beat_start(
     assert row.timing is not None and row.timing["timezone"] == "Europe/Berlin"
     assert row.next_due_at is not None and row.next_due_at.astimezone(BERLIN).strftime("%H:%M") == "02:30"
     assert shown(berlin)["nightly"]["timezone"] == "Europe/Berlin"
+
+
+def test_a_zoned_crontab_becomes_an_interval_only_with_the_zone_dropped(app: Celery, store: Store) -> None:
+    """The stored key would be a zone on an interval: refused, unless the same update drops it."""
+    add_schedule(app, "nightly", "proj.t", crontab(minute=30, hour=2), policy={"timezone": "Europe/Berlin"})
+    with pytest.raises(ConfigurationError, match=r"policy\.timezone'?: is only for crontab and solar"):
+        update_schedule(app, "nightly", schedule=30)
+    update_schedule(app, "nightly", schedule=30, policy={"timezone": None})
+    (row,) = store.schedules(["nightly"])
+    assert row.timing == {"kind": "interval", "every": 30.0} and "timezone" not in row.policy
+    assert shown(app)["nightly"]["timezone"] is None
