@@ -252,7 +252,15 @@ def test_a_crontab_celery_accepts_but_rarely_matches_is_found() -> None:
 
 # -- the property: any crontab, any span, against a brute force over the zone's offsets ----------
 
-ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Pacific/Chatham", "UTC"]
+ZONES = [
+    "Europe/Berlin",
+    "America/New_York",
+    "Australia/Lord_Howe",
+    "Pacific/Chatham",
+    "America/Havana",  # changes at midnight: the gap and the fold cross a date
+    "Antarctica/Troll",  # a two-hour shift
+    "UTC",
+]
 #: Days with a DST change in at least one of the zones (and one without), to start spans near.
 CHANGE_DAYS = [
     datetime(2026, 3, 8, tzinfo=UTC),
@@ -314,7 +322,7 @@ def crontabs(draw: st.DrawFn) -> CronFields:
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     fields=crontabs(),
     zone=st.sampled_from(ZONES),
