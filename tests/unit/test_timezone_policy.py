@@ -26,6 +26,7 @@ from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.definitions import config_definitions, define, from_row
 from celery_boundedbeat.entries import validate_entries
 from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.schema import ScheduleRow
 from celery_boundedbeat.store import Store, utcnow
 
 RNG = random.Random(3)
@@ -248,3 +249,27 @@ def test_a_zoned_crontab_becomes_an_interval_only_with_the_zone_dropped(app: Cel
     (row,) = store.schedules(["nightly"])
     assert row.timing == {"kind": "interval", "every": 30.0} and "timezone" not in row.policy
     assert shown(app)["nightly"]["timezone"] is None
+
+
+def test_a_config_crontab_stored_before_the_zone_counted_keeps_its_grid_and_counters(
+    app: Celery, store: Store
+) -> None:
+    """A row whose digest left the zone out (an older release) is reconciled as changed once: the
+    version goes up, the due time, grid and counters stay."""
+    app.conf.beat_schedule = {"nightly": {"task": "proj.t", "schedule": crontab(minute=30, hour=2, app=app)}}
+    now = utcnow()
+    store.sync_config(config_definitions(app, {}).values(), now, RNG)
+    with store.session() as s:
+        stored = s.get(ScheduleRow, "nightly")
+        assert stored is not None
+        stored.config_hash, stored.runs, stored.skips = "digest-of-an-older-release", 7, 2
+    (before,) = store.schedules(["nightly"])
+    report = store.sync_config(config_definitions(app, {}).values(), now + timedelta(minutes=5), RNG)
+    (after,) = store.schedules(["nightly"])
+    assert report.changed == ["nightly"] and after.version == before.version + 1
+    assert (after.grid_at, after.next_due_at, after.runs, after.skips) == (
+        before.grid_at,
+        before.next_due_at,
+        7,
+        2,
+    )
