@@ -249,3 +249,13 @@ def test_timing_json_and_schedule_value_are_inverse_for_a_crontab() -> None:
     value, zone = schedule_value("job", data, app)
     assert isinstance(value, crontab) and zone == ZoneInfo("Europe/Berlin")
     assert (value.minute, value.hour, value.day_of_week) == (cron.minute, cron.hour, cron.day_of_week)
+
+
+def test_a_solar_grid_is_asked_about_the_time_it_is_given_not_the_wall_clock() -> None:
+    """The sunset after a day in June 2020 is that evening's (about 19:33 UTC in Berlin), whenever asked."""
+    pytest.importorskip("ephem", reason="celery's solar schedules need the ephem package")
+    app = make_app()
+    timing = define("job", entry(solar("sunset", 52.52, 13.405, app=app)), app, {}).spec.timing
+    sunset = timing.first_at_or_after(datetime(2020, 6, 21, 12, tzinfo=UTC))
+    assert datetime(2020, 6, 21, 19, 25, tzinfo=UTC) < sunset < datetime(2020, 6, 21, 19, 45, tzinfo=UTC)
+    assert timing.first_at_or_after(datetime(2020, 6, 21, 12, tzinfo=UTC)) == sunset
