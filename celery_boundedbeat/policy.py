@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from enum import Enum
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -206,12 +206,12 @@ class _Reader:
         return seconds
 
     def zone(self, key: str) -> str | None:
-        """An IANA time zone name (or a ``ZoneInfo``), checked against the zone database."""
+        """An IANA time zone name (or a zone object that has one), checked against the zone database."""
         value = self.merged.get(key)
         if value is None:
             return None
-        if isinstance(value, ZoneInfo):
-            value = value.key
+        if isinstance(value, tzinfo):  # a ZoneInfo (or a pytz zone) stands for its name
+            value = getattr(value, "key", None) or getattr(value, "zone", None) or value
         if not isinstance(value, str):
             self.problem(
                 f"policy.{key}", f"must be an IANA time zone name (such as 'Europe/Berlin'), got {value!r}"

@@ -52,9 +52,9 @@ def test_an_unknown_zone_names_the_entry_the_key_and_the_value() -> None:
     assert "entry 'nightly', key 'policy.timezone': unknown time zone 'Europe/Berln'" in text
 
 
-@pytest.mark.parametrize("value", [1, "", "../etc/passwd", ["Europe/Berlin"]])
+@pytest.mark.parametrize("value", [1, "", "../etc/passwd", ["Europe/Berlin"], UTC])
 def test_a_zone_that_is_not_a_name_is_refused(value: Any) -> None:
-    """Numbers, lists, empty strings and paths are not zone names."""
+    """Numbers, lists, empty strings, paths and a fixed offset without an IANA name are not zone names."""
     text = problems_of({"nightly": cron_entry(timezone=value)})
     assert "key 'policy.timezone'" in text
 
