@@ -87,8 +87,7 @@ class AheadTicker:
             ready = self._publisher.prepare(prepared.claimed)
             self._last_runs = len(prepared.claimed)
             self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
-            _sleep_until(due)
-            if not self.still_leading():
+            if not sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK) or not self.still_leading():
                 prepared.abandon()
                 return None, False
             # The claim is counted from the commit: the publish must end before it expires.
@@ -116,7 +115,27 @@ class AheadTicker:
         return error is not None
 
 
-def _sleep_until(due: datetime) -> None:
-    """Until the wall clock reads ``due``: never a moment before (nothing is published early)."""
-    while (left := (due - utcnow()).total_seconds()) > 0:
-        time.sleep(left)
+#: Seconds a prepared tick may find itself further from its due time than its lead: more means
+#: the wall clock was stepped back (NTP) while it was prepared.
+CLOCK_STEP_SLACK = 1.0
+
+
+def sleep_until(
+    due: datetime,
+    *,
+    longest: float,
+    now: Callable[[], datetime] = utcnow,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Until the wall clock reads ``due``: never a moment before (nothing is published early).
+
+    False, at once, when ``due`` is more than ``longest`` seconds away: the clock was stepped
+    back, and waiting for it would hold the tick's transaction and the beat for as long as the
+    step (an hour, a day) while the lease went unrenewed. The caller abandons the tick; the
+    beat's next look finds the schedule due when the clock reaches it.
+    """
+    while (left := (due - now()).total_seconds()) > 0:
+        if left > longest:
+            return False
+        sleep(left)
+    return True

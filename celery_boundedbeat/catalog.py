@@ -151,6 +151,7 @@ def _reconcile_row(row: ScheduleRow, d: Definition, now: datetime, rng: random.R
         old_mode=Policy.from_json(row.policy).mode,
         now=now,
         rng=rng,
+        old_timezone=stored_zone(row),
     )
     write_state(row, new)
     if changed:
@@ -158,6 +159,12 @@ def _reconcile_row(row: ScheduleRow, d: Definition, now: datetime, rng: random.R
         row.version = (row.version or 0) + 1
     write_definition(row, d.spec, d.digest, d.timing if d.timing is not None else row.timing, origin=CONFIG)
     return changed
+
+
+def stored_zone(row: ScheduleRow) -> str | None:
+    """The zone a stored calendar schedule keeps wall-clock time in (``None`` for an interval)."""
+    zone = (row.timing or {}).get("timezone")
+    return zone if isinstance(zone, str) else None
 
 
 def _log(report: Reconciled) -> None:
@@ -238,6 +245,7 @@ def update_runtime(
         now=now,
         rng=rng,
         last_run_at=last_run_at(s, name),
+        old_timezone=stored_zone(row),
     )
     apply_state(row, new, now)
     write_definition(row, d.spec, d.digest, d.timing, origin=RUNTIME)

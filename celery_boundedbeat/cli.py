@@ -128,6 +128,7 @@ def status(ctx: click.Context, as_json: bool, fmt: str) -> None:
                 "NAME",
                 "ORIGIN",
                 "MODE",
+                "TIMEZONE",
                 "STATE",
                 "NEXT DUE (UTC)",
                 "ACTIVE",
@@ -153,6 +154,7 @@ def _status_row(s: ScheduleSnapshot) -> list[str]:
         s.name,
         s.origin,
         s.mode,
+        s.timezone or "-",
         state,
         _fmt_time(s.next_due_at),
         str(s.active_runs),
@@ -588,6 +590,7 @@ def check(ctx: click.Context, count: int) -> None:
         due = ", ".join(_fmt_time(t) for t in _next_due_times(d.spec, now, count))
         if d.spec.policy.mode.value == "fixed_delay":
             due += f" (then {d.spec.period:g} s after each run finishes)"
-        rows.append([name, d.spec.task, d.spec.policy.mode.value, d.spec.schedule_repr, due])
+        shown = d.spec.schedule_repr + (f" in {d.spec.timezone}" if d.spec.timezone else "")
+        rows.append([name, d.spec.task, d.spec.policy.mode.value, shown, due])
     click.echo(_table(["NAME", "TASK", "MODE", "SCHEDULE", "NEXT DUE (UTC, if first seen now)"], rows))
     click.echo(f"\n{len(rows)} schedule(s) valid")

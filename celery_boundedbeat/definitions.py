@@ -7,7 +7,11 @@ by another process) and a change is one row away. The grid is stored as plain JS
 - ``{"kind": "interval", "every": 30.0}``
 - ``{"kind": "crontab", "minute": "*/15", "hour": "*", "day_of_week": "*",
   "day_of_month": "*", "month_of_year": "*", "timezone": "Europe/Berlin"}``
-- ``{"kind": "solar", "event": "sunset", "lat": 52.5, "lon": 13.4}``
+- ``{"kind": "solar", "event": "sunset", "lat": 52.5, "lon": 13.4, "timezone": "Europe/Berlin"}``
+  (a solar event is an instant wherever it is read: its zone is only shown)
+
+``timezone`` is the zone the schedule keeps wall-clock time in: the policy's ``timezone`` key
+when it has one (then both say the same), else the app's ``timezone`` when it was defined.
 
 Rebuilding goes through the same :func:`~celery_boundedbeat.entries.parse_entry` as a
 ``beat_schedule`` entry, so a stored definition is held to the same rules and error texts.
@@ -24,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
-from .entries import build_specs, configured_entries, parse_entry
+from .entries import build_specs, configured_entries, parse_entry, zone_name
 from .exceptions import ConfigurationError
 from .policy import Definition, EntrySpec, Problem
 
@@ -34,11 +38,6 @@ logger = logging.getLogger("celery_boundedbeat.beat")
 CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
 
 
-def _zone_name(zone: Any) -> str | None:
-    key = getattr(zone, "key", None) or getattr(zone, "zone", None)
-    return str(key) if key else None
-
-
 def _cron_field(value: Any) -> Any:
     """A crontab field as JSON: strings and numbers as given, sets and ranges as sorted lists."""
     if isinstance(value, str | int):
@@ -46,13 +45,17 @@ def _cron_field(value: Any) -> Any:
     return sorted(int(v) for v in value)
 
 
-def timing_json(value: Any, app: Celery, zone: tzinfo | None = None) -> dict[str, Any]:
-    """The grid of an already validated Celery schedule value, as stored in ``timing``."""
+def timing_json(value: Any, app: Celery, zone: tzinfo | str | None = None) -> dict[str, Any]:
+    """The grid of an already validated Celery schedule value, as stored in ``timing``.
+
+    ``zone`` is the calendar schedule's zone (a spec's ``timezone``; default the app's).
+    """
+    name = zone if isinstance(zone, str) else zone_name(zone or app.timezone)
     if isinstance(value, crontab):
         fields = {f: _cron_field(getattr(value, f"_orig_{f}")) for f in CRONTAB_FIELDS}
-        return {"kind": "crontab", **fields, "timezone": _zone_name(zone or app.timezone)}
+        return {"kind": "crontab", **fields, "timezone": name}
     if isinstance(value, solar):
-        return {"kind": "solar", "event": value.event, "lat": value.lat, "lon": value.lon}
+        return {"kind": "solar", "event": value.event, "lat": value.lat, "lon": value.lon, "timezone": name}
     if isinstance(value, timedelta):
         return {"kind": "interval", "every": value.total_seconds()}
     if isinstance(value, schedule):
@@ -72,7 +75,8 @@ def schedule_value(name: str, data: Any, app: Celery) -> tuple[Any, tzinfo | Non
             zone = ZoneInfo(data["timezone"]) if data.get("timezone") else None
             return crontab(**{f: data.get(f, "*") for f in CRONTAB_FIELDS}, app=app), zone
         if kind == "solar":
-            return solar(data["event"], data["lat"], data["lon"], app=app), None
+            zone = ZoneInfo(data["timezone"]) if data.get("timezone") else None
+            return solar(data["event"], data["lat"], data["lon"], app=app), zone
     except (KeyError, ValueError, TypeError, ZoneInfoNotFoundError) as exc:
         raise ConfigurationError([(name, "timing", f"cannot be read back ({exc!r})")]) from None
     raise ConfigurationError([(name, "timing", f"unknown kind {kind!r} (interval, crontab, solar)")])
@@ -94,7 +98,7 @@ def define(
     spec, problems = parse_entry(name, raw, default_policy, tz=zone)
     if problems or spec is None:
         raise ConfigurationError(problems)
-    return Definition.of(spec, timing_json(raw["schedule"], app, zone))
+    return Definition.of(spec, timing_json(raw["schedule"], app, spec.timezone))
 
 
 def stored_entry(name: str, row: Any, app: Celery) -> tuple[dict[str, Any], tzinfo | None]:
@@ -127,7 +131,8 @@ def config_definitions(app: Celery, default_policy: Mapping[str, Any]) -> dict[s
     specs = build_specs(app, default_policy)
     raw = {str(name): entry for name, entry in configured_entries(app).items()}
     return {
-        name: Definition.of(spec, timing_json(raw[name]["schedule"], app)) for name, spec in specs.items()
+        name: Definition.of(spec, timing_json(raw[name]["schedule"], app, spec.timezone))
+        for name, spec in specs.items()
     }
 
 

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta, tzinfo
+from functools import partial
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
 from .exceptions import ConfigurationError
-from .policy import EntrySpec, Problem, parse_policy
+from .policy import EntrySpec, Policy, Problem, parse_policy
 from .timing import CalendarTiming, IntervalTiming, Timing
+from .wallclock import CronFields, next_fire
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
@@ -25,21 +28,50 @@ logger = logging.getLogger("celery_boundedbeat.beat")
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
 
 
-def _crontab_next(cron: crontab, tz: tzinfo | None = None) -> Any:
+def _crontab_next(cron: crontab, tz: tzinfo | None = None) -> Callable[[datetime], datetime]:
+    """The crontab's next fire time in ``tz`` (default its app's), DST by Vixie cron's rule."""
+    zone = tz or cron.tz
+    fields = CronFields.of(
+        minutes=cron.minute,
+        hours=cron.hour,
+        days_of_month=cron.day_of_month,
+        months=cron.month_of_year,
+        days_of_week=cron.day_of_week,
+        hour_field=cron._orig_hour,
+    )
+    return partial(next_fire, fields, zone)
+
+
+#: Celery's own bound on how far a solar event is looked for (polar days and nights).
+SOLAR_SEARCH_DAYS = 366
+
+
+def _solar_next(sol: solar) -> Callable[[datetime], datetime]:
+    """The first solar event strictly after the time asked about, whatever the wall clock says.
+
+    ``solar.remaining_estimate`` measures from ``now()``; here the event is asked of ephem from
+    the given time on, with a copy of the observer (the schedule's own is shared). ephem's next
+    transit started at a transit is that transit again, so the search restarts just after it.
+    """
+    ephem = sol.ephem
+    sun = ephem.Sun()
+    extra = {"use_center": True} if sol.use_center else {}
+
     def next_after(t: datetime) -> datetime:
-        zone = tz or cron.tz
-        start, delta, _now = cron.remaining_delta(t.astimezone(zone), tz=zone)
-        nxt: datetime = start + delta
-        return datetime.fromtimestamp(nxt.timestamp(), UTC)
-
-    return next_after
-
-
-def _solar_next(sol: solar) -> Any:
-    def next_after(t: datetime) -> datetime:
-        now = datetime.now(UTC)
-        result: datetime = now + sol.remaining_estimate(t)
-        return result.astimezone(UTC)
+        cal = sol.cal.copy()
+        start = ephem.Date(t.astimezone(UTC).replace(tzinfo=None))
+        for _ in range(SOLAR_SEARCH_DAYS):
+            try:
+                found = getattr(cal, sol.method)(sun, start=start, **extra)
+            except ephem.CircumpolarError:
+                start = cal.next_antitransit(sun, start=start)
+                continue
+            event: datetime = found.datetime().replace(tzinfo=UTC)
+            if event > t:
+                return event
+            start = ephem.Date(found + ephem.second)
+        stop: datetime = start.datetime().replace(tzinfo=UTC)
+        return stop  # nothing within a year: look again then
 
     return next_after
 
@@ -87,6 +119,27 @@ def timing_for(
     if not period or period <= 0 or period != period:
         return None, "", "", None, [(entry, "schedule", f"period must be > 0 seconds, got {value!r}")]
     return IntervalTiming(period), "interval", f"every {period:g}s", period, []
+
+
+def zone_name(zone: tzinfo) -> str | None:
+    """The IANA name of a zone object (``ZoneInfo``, pytz), as stored and shown."""
+    key = getattr(zone, "key", None) or getattr(zone, "zone", None)
+    if key:
+        return str(key)
+    return "UTC" if zone is UTC else None
+
+
+def _zoned(value: Any, timing: Timing, policy: Policy, tz: tzinfo | None) -> tuple[Timing, str | None]:
+    """A calendar grid in its zone: the policy's ``timezone`` wins over the zone the schedule was
+    stored with (``tz``), which wins over the app's ``timezone``; an interval has none."""
+    if not isinstance(value, crontab | solar):
+        return timing, None
+    if policy.timezone is None:
+        return timing, zone_name(tz or value.tz)
+    zone = ZoneInfo(policy.timezone)
+    if isinstance(value, crontab):
+        timing = CalendarTiming(_crontab_next(value, zone))
+    return timing, policy.timezone  # a solar event is an instant: the zone is only shown
 
 
 def _json_problem(entry: str, key: str, value: Any) -> Problem | None:
@@ -140,6 +193,7 @@ def parse_entry(
     problems.extend(found)
     if problems or policy is None or timing is None or not isinstance(task, str):
         return None, problems
+    timing, zone = _zoned(raw["schedule"], timing, policy, tz)
     return (
         EntrySpec(
             name=name,
@@ -151,6 +205,7 @@ def parse_entry(
             args=tuple(args),
             kwargs=dict(kwargs),
             options=options,
+            timezone=zone,
         ),
         [],
     )

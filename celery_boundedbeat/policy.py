@@ -11,9 +11,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from enum import Enum
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .enums import MissedTicks, Mode
 from .timing import Timing
@@ -32,11 +33,14 @@ POLICY_KEYS = frozenset(
         "pause_on_failure",
         "keep_runs",
         "keep_for",
+        "timezone",
     }
 )
 #: Retention keys, stored only when set: a schedule without them keeps the digest it had
 #: before they existed, so an upgrade does not count every config schedule as changed.
 RETENTION_KEYS = ("keep_runs", "keep_for")
+#: Keys stored only when set, for the same reason as the retention keys.
+OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone")
 
 Problem = tuple[str, str, str]
 
@@ -65,6 +69,8 @@ class Policy:
     #: Retention: delete settled runs finished longer ago than this many seconds (instead of
     #: the global ``boundedbeat_retention_days``).
     keep_for: float | None = None
+    #: The IANA zone a crontab keeps wall-clock time in; ``None``: the app's ``timezone``.
+    timezone: str | None = None
 
     @property
     def limit(self) -> int:
@@ -75,7 +81,7 @@ class Policy:
         return 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with the contract's key names (retention keys only when set)."""
+        """A JSON-ready dict with the contract's key names (the optional keys only when set)."""
         data: dict[str, Any] = {
             "mode": self.mode.value,
             "missed_ticks": self.missed_ticks.value,
@@ -88,7 +94,7 @@ class Policy:
             "max_runs": self.max_runs,
             "pause_on_failure": self.pause_on_failure,
         }
-        for key in RETENTION_KEYS:
+        for key in OPTIONAL_KEYS:
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         return data
@@ -109,6 +115,7 @@ class Policy:
             pause_on_failure=data.get("pause_on_failure"),
             keep_runs=data.get("keep_runs"),
             keep_for=data.get("keep_for"),
+            timezone=data.get("timezone"),
         )
 
     @property
@@ -198,6 +205,43 @@ class _Reader:
             return None
         return seconds
 
+    def zone(self, key: str) -> str | None:
+        """An IANA time zone name (or a zone object that has one), checked against the zone database."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        if isinstance(value, tzinfo):  # a ZoneInfo (or a pytz zone) stands for its name
+            value = getattr(value, "key", None) or getattr(value, "zone", None) or value
+        if not isinstance(value, str):
+            self.problem(
+                f"policy.{key}", f"must be an IANA time zone name (such as 'Europe/Berlin'), got {value!r}"
+            )
+            return None
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            self.problem(
+                f"policy.{key}", f"unknown time zone {value!r} (use an IANA name such as 'Europe/Berlin')"
+            )
+            return None
+        return value
+
+
+def _check_timezone(read: _Reader, own: Mapping[str, Any], kind: str) -> str | None:
+    """A zone is for calendar schedules: an interval runs on elapsed time, not the wall clock.
+
+    Only the entry's own key is refused on an interval; a ``timezone`` in the default policy
+    is meant for the calendar schedules and does not apply to the others.
+    """
+    if kind == "interval" and own.get("timezone") is not None:
+        read.problem(
+            "policy.timezone",
+            "is only for crontab and solar schedules (an interval runs on elapsed time, not the wall clock)",
+        )
+        return None
+    zone = read.zone("timezone")  # a default's zone is checked even where it does not apply
+    return zone if kind != "interval" else None
+
 
 def _check_concurrency(read: _Reader, mode: Mode | None) -> None:
     """``max_concurrency`` belongs to ``fixed_rate`` alone, which cannot do without it."""
@@ -264,6 +308,7 @@ def parse_policy(
     pause_on_failure = read.positive_int("pause_on_failure")
     keep_runs = read.positive_int("keep_runs")
     keep_for = read.duration("keep_for", allow_zero=False)
+    timezone = _check_timezone(read, raw, schedule_kind)
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
@@ -282,6 +327,7 @@ def parse_policy(
         pause_on_failure=pause_on_failure,
         keep_runs=keep_runs,
         keep_for=keep_for,
+        timezone=timezone,
     )
     return policy, []
 
@@ -299,6 +345,9 @@ class EntrySpec:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The zone a calendar schedule keeps wall-clock time in (the policy's ``timezone``, else the
+    #: zone it was stored with, else the app's); ``None`` for an interval.
+    timezone: str | None = None
 
 
 def config_hash(spec: EntrySpec) -> str:
@@ -307,18 +356,17 @@ def config_hash(spec: EntrySpec) -> str:
     The grid object is left out: ``schedule_repr`` stands for it, so equal entries hash
     equal across processes.
     """
-    payload = json.dumps(
-        [
-            spec.task,
-            spec.schedule_repr,
-            spec.policy.to_json(),
-            list(spec.args),
-            dict(spec.kwargs),
-            dict(spec.options),
-        ],
-        sort_keys=True,
-        default=str,
-    )
+    parts: list[Any] = [
+        spec.task,
+        spec.schedule_repr,
+        spec.policy.to_json(),
+        list(spec.args),
+        dict(spec.kwargs),
+        dict(spec.options),
+    ]
+    if spec.timezone is not None:
+        parts.append(spec.timezone)  # a calendar grid in another zone is another schedule
+    payload = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

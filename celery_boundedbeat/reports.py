@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Celery
 
+from .catalog import stored_zone
 from .engine import get_engine
 from .enums import RunState
 from .schema import RunRow, ScheduleRow
@@ -48,6 +49,8 @@ class ScheduleSnapshot:
     grid_runs: int
     #: The definition's version: bumped by every change.
     version: int
+    #: The IANA zone a crontab (or solar) schedule keeps wall-clock time in; ``None`` for an interval.
+    timezone: str | None = None
 
     @classmethod
     def from_row(cls, row: ScheduleRow) -> ScheduleSnapshot:
@@ -76,6 +79,7 @@ class ScheduleSnapshot:
             pause_reason=row.pause_reason,
             grid_runs=row.grid_runs or 0,
             version=row.version or 1,
+            timezone=stored_zone(row),
         )
 
     def to_json(self) -> dict[str, Any]:

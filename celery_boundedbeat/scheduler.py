@@ -320,7 +320,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._failed("prepared tick", exc, utcnow())
             return True
         if prepared is None:
-            self._wait(max(0.0, (due - utcnow()).total_seconds()))
+            # Never longer than the beat's own wait: a clock stepped back must not stall it.
+            self._wait(min(wait, max(0.0, (due - utcnow()).total_seconds())))
             return True
         self._succeeded("prepared tick")
         self._stale = self._runs_may_be_active = True  # the rest due at ``due`` is looked at now

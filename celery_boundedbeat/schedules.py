@@ -124,8 +124,10 @@ def update_schedule(
 
     def revise(row: ScheduleRow) -> Definition:
         entry, zone = stored_entry(name, row, app)
-        if "schedule" in changes:
-            zone = None  # a new crontab keeps the app's time zone, as a new schedule would
+        if "schedule" in changes or (new_policy is not None and "timezone" in new_policy):
+            # A new crontab, or a changed or dropped policy zone: the policy's ``timezone`` if
+            # it has one, else the app's, as a new schedule would.
+            zone = None
         entry.update(changes)
         if new_policy is not None:
             entry["policy"] = {**entry["policy"], **new_policy}

@@ -614,13 +614,15 @@ def on_config_change(
     now: datetime,
     rng: random.Random,
     last_run_at: datetime | None = None,
+    old_timezone: str | None = None,
 ) -> ScheduleState:
     """Reconcile a stored schedule with its config entry at beat start.
 
     Counters, queued triggers, pending runs and pause/stop survive; pending runs beyond the
     new policy's bound become skips (:func:`_within_pending_bound`), and waiting runs that
     now find a free slot are due at once. Only a new timing (another schedule or mode)
-    restarts the grid from ``now``, as a new entry would (:func:`_restarted`); a fixed-delay
+    restarts the grid from ``now``, as a new entry would (:func:`_restarted`), and so does a
+    calendar grid moved to another zone (``old_timezone``, when known); a fixed-delay
     run still active keeps the due time its settle will set. An unchanged entry whose
     fixed-delay run was settled while no period was known gets the due time it never received.
     """
@@ -629,7 +631,8 @@ def on_config_change(
         revived = state.ended and _allows_more(spec.policy, state, now)
         if revived:
             state = replace(state, stop_reason=None, stopped=False)
-        if revived or old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
+        moved = old_timezone is not None and old_timezone != spec.timezone
+        if revived or moved or old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
             state = _restarted(spec, state, now, rng, last_run_at)
         if state.waiting_runs and state.active_runs < spec.policy.limit and not state.stopped:
             state = replace(state, next_due_at=min(state.next_due_at or now, now))

@@ -22,7 +22,18 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "decisions",
         "pure: values in, values out; no SQL, Celery or Django",
-        ("redact", "runtime", "timing", "settings", "policy", "ticks", "backfill", "alerts", "messages"),
+        (
+            "redact",
+            "runtime",
+            "timing",
+            "wallclock",
+            "settings",
+            "policy",
+            "ticks",
+            "backfill",
+            "alerts",
+            "messages",
+        ),
     ),
     (
         "sql",

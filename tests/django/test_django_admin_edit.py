@@ -116,7 +116,13 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
     assert nightly.timing is not None and (nightly.timing["minute"], nightly.timing["hour"]) == ("30", "2")
     assert nightly.timing["kind"] == "crontab" and nightly.policy["mode"] == "fixed_rate_no_overlap"
     dusk = row(store, "dusk")
-    assert dusk is not None and dusk.timing == {"kind": "solar", "event": "sunset", "lat": 52.5, "lon": 13.4}
+    assert dusk is not None and dusk.timing is not None
+    assert {k: v for k, v in dusk.timing.items() if k != "timezone"} == {
+        "kind": "solar",
+        "event": "sunset",
+        "lat": 52.5,
+        "lon": 13.4,
+    }
     logged = LogEntry.objects.filter(content_type__app_label="celery_boundedbeat", action_time__gte=start)
     added = logged.filter(action_flag=ADDITION).values_list("object_id", flat=True)
     assert sorted(added) == ["dusk", "nightly", "tenant-1"]
@@ -139,9 +145,12 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"kind": "crontab", "minute": "61"}, "minute", "Not a crontab minute"),
         ({"every": ""}, "every", "Required for this timing."),
         ({"name": "refresh-cache"}, "name", "exists already"),
+        ({"kind": "crontab", "timezone": "Europe/Berln"}, "timezone", "unknown time zone 'Europe/Berln'"),
+        ({"timezone": "Europe/Berlin"}, "timezone", "is only for crontab and solar schedules"),
     ],
     ids=["period-0", "fixed-delay-crontab", "concurrency-needs-fixed-rate", "fixed-rate-needs-concurrency",
-         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "no-period", "duplicate"],
+         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "no-period", "duplicate",
+         "unknown-zone", "zone-on-an-interval"],
 )  # fmt: skip
 def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
     store: Store, client_as: Any, change: dict[str, str], field: str, text: str
@@ -153,6 +162,27 @@ def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
     assert any(text in message for message in errors[field]), errors
     assert {s.name: s.version for s in store.schedules()} == before
     assert row(store, "tenant-1") is None
+
+
+def test_a_crontab_added_with_a_time_zone_keeps_it_and_a_change_moves_it(
+    store: Store, client_as: Any
+) -> None:
+    """The zone field is the policy's ``timezone``: stored with the timing, shown again, changed alone."""
+    client = client_as("editor")
+    nightly = {**INTERVAL, "name": "nightly", "kind": "crontab", "every": "", "minute": "30", "hour": "2"}
+    nightly.update(mode="", max_concurrency="", timezone="Europe/Berlin")
+    response = client.post(ADD, nightly)
+    assert response.status_code == 302, field_errors(response)
+    added = row(store, "nightly")
+    assert added is not None and added.timing is not None
+    assert (added.policy["timezone"], added.timing["timezone"]) == ("Europe/Berlin", "Europe/Berlin")
+    url = f"{SCHEDULES}nightly/change/"
+    shown = form_data(client.get(url))
+    assert shown["timezone"] == "Europe/Berlin"
+    assert client.post(url, {**shown, "timezone": "Asia/Tokyo"}).status_code == 302
+    moved = row(store, "nightly")
+    assert moved is not None and moved.timing is not None and moved.timing["timezone"] == "Asia/Tokyo"
+    assert moved.version == added.version + 1
 
 
 def test_editing_changes_only_the_changed_fields_and_keeps_counters(store: Store, client_as: Any) -> None:

@@ -64,3 +64,20 @@ def test_an_invalid_setting_exits_78(app: Celery) -> None:
     result = run_check(app)
     assert result.exit_code == 78, result.output
     assert "boundedbeat_default_policy" in result.output
+
+
+def test_a_crontab_is_shown_with_its_zone_and_its_due_times_follow_it(app: Celery) -> None:
+    """A crontab's zone (the policy key) is named next to it; its due times are that zone's 02:30 in UTC."""
+    app.conf.beat_schedule = {
+        "nightly": {
+            "task": "proj.a",
+            "schedule": crontab(minute=30, hour=2, app=app),
+            "policy": {"timezone": "Asia/Kolkata"},
+        },
+        "often": {"task": "proj.b", "schedule": 10.0},
+    }
+    result = run_check(app, "--count", "2")
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert " in Asia/Kolkata" in lines["nightly"] and " in " not in lines["often"].split("proj.b")[1]
+    assert lines["nightly"].count("21:00:00") == 2  # 02:30 at UTC+05:30

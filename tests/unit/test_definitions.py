@@ -132,7 +132,13 @@ def test_a_solar_schedule_round_trips_to_the_same_grid(event: str) -> None:
     pytest.importorskip("ephem", reason="celery's solar schedules need the ephem package")
     app = make_app("Europe/Berlin")
     d = define("job", entry(solar(event, 52.52, 13.405, app=app)), app, {})
-    assert d.timing == {"kind": "solar", "event": event, "lat": 52.52, "lon": 13.405}
+    assert d.timing == {
+        "kind": "solar",
+        "event": event,
+        "lat": 52.52,
+        "lon": 13.405,
+        "timezone": "Europe/Berlin",
+    }
     rebuilt = from_row(row_of(d), app)
     start = datetime.now(UTC)
     original = next_ticks(d.spec.timing, start, 4)
@@ -144,11 +150,6 @@ def test_a_solar_schedule_round_trips_to_the_same_grid(event: str) -> None:
     assert all(later - earlier > timedelta(hours=12) for earlier, later in itertools.pairwise(original))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, open: entries._solar_next measures from the wall clock (datetime.now), not "
-    "from the time it is asked about, so a solar grid counts ticks wrongly",
-)
 def test_a_solar_noon_grid_has_one_tick_per_noon() -> None:
     """The tick after a solar noon is the next day's noon, so a beat just past noon counts one tick, not two.
 
@@ -248,3 +249,13 @@ def test_timing_json_and_schedule_value_are_inverse_for_a_crontab() -> None:
     value, zone = schedule_value("job", data, app)
     assert isinstance(value, crontab) and zone == ZoneInfo("Europe/Berlin")
     assert (value.minute, value.hour, value.day_of_week) == (cron.minute, cron.hour, cron.day_of_week)
+
+
+def test_a_solar_grid_is_asked_about_the_time_it_is_given_not_the_wall_clock() -> None:
+    """The sunset after a day in June 2020 is that evening's (about 19:33 UTC in Berlin), whenever asked."""
+    pytest.importorskip("ephem", reason="celery's solar schedules need the ephem package")
+    app = make_app()
+    timing = define("job", entry(solar("sunset", 52.52, 13.405, app=app)), app, {}).spec.timing
+    sunset = timing.first_at_or_after(datetime(2020, 6, 21, 12, tzinfo=UTC))
+    assert datetime(2020, 6, 21, 19, 25, tzinfo=UTC) < sunset < datetime(2020, 6, 21, 19, 45, tzinfo=UTC)
+    assert timing.first_at_or_after(datetime(2020, 6, 21, 12, tzinfo=UTC)) == sunset

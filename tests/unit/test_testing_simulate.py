@@ -6,6 +6,7 @@ by running the code; the comments show the reasoning. Times are seconds after th
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -133,6 +134,24 @@ def test_a_crontab_runs_at_its_wall_clock_time_in_the_apps_zone(app: Celery) -> 
     entry = {"task": "t", "schedule": crontab(minute=0, hour=4, app=app)}
     tl = simulate(entry, hours=72, task_seconds=60, app=app)
     assert [r.scheduled_for for r in tl.runs] == [datetime(2025, 1, d, 3, tzinfo=UTC) for d in (6, 7, 8)], tl
+
+
+def test_a_simulated_crontab_follows_the_dst_rule_in_its_policy_zone(app: Celery) -> None:
+    """02:30 Berlin over the spring-forward night (UTC app): 01:30 UTC, then 03:00 CEST (01:00 UTC), then
+    00:30 UTC; the hourly job beside it keeps elapsed time."""
+    berlin = {"timezone": "Europe/Berlin"}
+    start = datetime(2026, 3, 28, tzinfo=UTC)
+    daily = simulate({"task": "t", "schedule": crontab(minute=30, hour=2, app=app), "policy": berlin},
+                     hours=72, task_seconds=60, start=start, app=app)  # fmt: skip
+    assert [r.scheduled_for for r in daily.runs] == [
+        datetime(2026, 3, 28, 1, 30, tzinfo=UTC),
+        datetime(2026, 3, 29, 1, 0, tzinfo=UTC),
+        datetime(2026, 3, 30, 0, 30, tzinfo=UTC),
+    ]
+    hourly = simulate({"task": "t", "schedule": crontab(minute=0, app=app), "policy": berlin},
+                      hours=48, task_seconds=60, start=start, app=app)  # fmt: skip
+    times = [r.scheduled_for for r in hourly.runs]
+    assert len(times) == 48 and all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(times))
 
 
 def test_task_seconds_may_be_a_function_of_the_run_index(app: Celery) -> None:

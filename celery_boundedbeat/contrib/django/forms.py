@@ -58,6 +58,7 @@ POLICY_FIELDS = (
     "pause_on_failure",
     "keep_runs",
     "keep_for",
+    "timezone",
 )
 SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter", "keep_for"})
 
@@ -192,6 +193,12 @@ class ScheduleForm(forms.ModelForm):
         required=False, help_text="Retention: keep at most this many settled runs in the history."
     )
     keep_for = _seconds("Keep for (seconds)", "Retention: settled runs older than this are deleted.")
+    timezone = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Time zone",
+        help_text="Crontab/solar only: an IANA name such as Europe/Berlin; blank: the app's time zone.",
+    )
 
     class Meta:
         model = Schedule
