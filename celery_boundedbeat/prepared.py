@@ -29,16 +29,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, insert, select, text
+from sqlalchemy import Table, and_, func, insert, text
 from sqlalchemy.orm import Session
 
+from .held import SCHEDULES, hold, light_select, write_changed
 from .policy import EntrySpec
 from .rows import state_of
-from .schema import QueueRow, RunRow, ScheduleRow
+from .schema import QueueRow, RunRow
 from .store import Claimed, Store, TickResult, record_outcome
 from .ticks import ScheduleState, TickOutcome, on_due
 
-Resolve = Callable[[ScheduleRow], EntrySpec | None]
+#: A due row's schedule (an ORM row or a :class:`~.held.Held` one).
+Resolve = Callable[[Any], EntrySpec | None]
 
 RUNS = cast(Table, RunRow.__table__)
 QUEUE = cast(Table, QueueRow.__table__)
@@ -126,10 +128,10 @@ def prepare_tick(
 
 
 def _due_rows(due: datetime) -> Any:
-    return select(ScheduleRow).where(
-        ScheduleRow.next_due_at <= due,
-        ScheduleRow.paused.is_(False),
-        ScheduleRow.stopped.is_(False),
+    return light_select().where(
+        SCHEDULES.c.next_due_at <= due,
+        SCHEDULES.c.paused.is_(False),
+        SCHEDULES.c.stopped.is_(False),
     )
 
 
@@ -150,11 +152,12 @@ def _prepare(
     # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
     # unlocked, so the settle that frees its slot is not held up.
     free = and_(
-        ScheduleRow.pending_runs == 0,
-        ScheduleRow.active_runs < func.coalesce(ScheduleRow.policy["max_concurrency"].as_integer(), 1),
+        SCHEDULES.c.pending_runs == 0,
+        SCHEDULES.c.active_runs < func.coalesce(SCHEDULES.c.policy["max_concurrency"].as_integer(), 1),
     )
-    locked = _due_rows(due).where(free).order_by(ScheduleRow.next_due_at).limit(limit)
-    for row in session.scalars(locked.with_for_update(skip_locked=True)):
+    locked = _due_rows(due).where(free).order_by(SCHEDULES.c.next_due_at).limit(limit)
+    held = hold(session, locked.with_for_update(skip_locked=True))
+    for row in held:
         spec = resolve(row)
         if spec is None:
             continue
@@ -165,7 +168,7 @@ def _prepare(
         record_outcome(row, spec, outcome, due, expires_after, result, run_rows, queue_rows)
     if not run_rows:
         return None
-    session.flush()
+    write_changed(session, held)
     # Core executemany, and the queue ids taken from their sequence in one statement: an ORM
     # bulk insert, or an INSERT ... RETURNING the ids, took most of a preparation's time.
     session.execute(insert(RUNS), run_rows)

@@ -45,6 +45,7 @@ from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
 from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
 from .enums import ACTIVE_STATES, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
+from .held import SCHEDULES, hold, light_select, write_changed
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
@@ -206,7 +207,7 @@ def emission_rows(
 
 
 def record_outcome(
-    row: ScheduleRow,
+    row: Any,
     spec: EntrySpec,
     outcome: TickOutcome,
     now: datetime,
@@ -216,6 +217,8 @@ def record_outcome(
     queue_rows: list[dict[str, Any]],
 ) -> None:
     """Write a due schedule's decided outcome into its row and collect the runs it emits.
+
+    ``row`` is a ``ScheduleRow`` or a :class:`~.held.Held` one: the caller writes it back.
 
     Backfilled runs are left out: :meth:`Store.tick` writes them first, guarded by the run key.
     """
@@ -303,7 +306,7 @@ class Store:
 
     def tick(
         self,
-        specs: Mapping[str, EntrySpec] | Callable[[ScheduleRow], EntrySpec | None],
+        specs: Mapping[str, EntrySpec] | Callable[[Any], EntrySpec | None],
         now: datetime,
         rng: random.Random,
         limit: int,
@@ -321,19 +324,20 @@ class Store:
         result = TickResult(now=now)
         with self.session() as s:
             query = (
-                select(ScheduleRow)
+                light_select()
                 .where(
-                    ScheduleRow.next_due_at <= now,
-                    ScheduleRow.paused.is_(False),
-                    ScheduleRow.stopped.is_(False),
+                    SCHEDULES.c.next_due_at <= now,
+                    SCHEDULES.c.paused.is_(False),
+                    SCHEDULES.c.stopped.is_(False),
                 )
-                .order_by(ScheduleRow.next_due_at)
+                .order_by(SCHEDULES.c.next_due_at)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             )
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
-            for row in s.scalars(query):
+            held = hold(s, query)
+            for row in held:
                 spec = resolve(row)
                 if spec is None:
                     # Its stored definition cannot be rebuilt: out of the due range for a while,
@@ -347,7 +351,7 @@ class Store:
                         s, spec, row.name, outcome, now, expires_after, result, queue_rows
                     )
                 record_outcome(row, spec, outcome, now, expires_after, result, run_rows, queue_rows)
-            s.flush()
+            write_changed(s, held)
             if run_rows:
                 # Core executemany: the ORM's bulk insert cost a fifth of a 1,000-run tick.
                 s.execute(insert(cast(Table, RunRow.__table__)), run_rows)

@@ -13,17 +13,18 @@ retry after an outage.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import String, Table, any_, bindparam, literal, select, text, update
+from sqlalchemy import String, any_, literal, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
-from .schema import RunRow, ScheduleRow
+from .held import SCHEDULES, hold, light_select, write_changed
+from .schema import RunRow
 from .store import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, Store
 
 
@@ -222,34 +223,6 @@ def _write_finished(s: Session, finished: dict[str, tuple[OutcomeReport, int | N
     )
 
 
-class _Held:
-    """A locked schedule row as plain attributes: what ``count_settled`` reads and sets.
-
-    Plain, not an ORM object: loading, tracking and flushing ORM rows was most of a batch's
-    cost; the changed columns go back in one executemany instead.
-    """
-
-    def __init__(self, values: Mapping[Any, Any]) -> None:
-        self.__dict__.update(values)
-
-
-#: Schedule columns a settle neither reads nor writes: the definition's JSON is not decoded.
-_NOT_FOR_SETTLE = frozenset(
-    {
-        "task",
-        "schedule",
-        "args",
-        "kwargs",
-        "options",
-        "timing",
-        "origin",
-        "config_hash",
-        "version",
-        "created_at",
-    }
-)
-
-
 def _count_on_schedules(
     store: Store,
     s: Session,
@@ -258,17 +231,14 @@ def _count_on_schedules(
     rng: random.Random,
 ) -> None:
     """Free each settled run's slot on its schedule, in report order, one lock per schedule."""
-    table = cast(Table, ScheduleRow.__table__)
     names = sorted({x.schedule for x in settled})
-    result = s.execute(
-        select(*(c for c in table.c if c.name not in _NOT_FOR_SETTLE))
-        .where(table.c.name == any_(literal(names, ARRAY(String()))))
-        .order_by(table.c.name)
-        .with_for_update()
+    rows = hold(
+        s,
+        light_select()
+        .where(SCHEDULES.c.name == any_(literal(names, ARRAY(String()))))
+        .order_by(SCHEDULES.c.name)
+        .with_for_update(),
     )
-    fields = list(result.keys())
-    loaded = {values["name"]: values for values in (dict(zip(fields, row, strict=True)) for row in result)}
-    rows = {name: _Held(values) for name, values in loaded.items()}
     for x in settled:
         row = rows.get(x.schedule)
         if row is None:
@@ -285,30 +255,5 @@ def _count_on_schedules(
             run_id=x.run_id,
             error=report.error,
         )
-    _write_changed(s, table, loaded, rows)
+    write_changed(s, rows)
     s.execute(text("SELECT pg_notify(:c, :p)"), {"c": SETTLED_CHANNEL, "p": names[0]})
-
-
-def _write_changed(
-    s: Session, table: Table, loaded: dict[str, dict[str, Any]], rows: dict[str, _Held]
-) -> None:
-    """Write back only the columns a settle changed, one executemany per set of changed columns.
-
-    Usually every row changed the same few counters; unchanged JSON columns (``pending``,
-    ``triggers``) are not re-encoded.
-    """
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for name, row in rows.items():
-        before = loaded[name]
-        changed = tuple(c for c, v in vars(row).items() if c in before and before[c] != v)
-        if changed:
-            groups.setdefault(changed, []).append(
-                {"b_name": name, **{f"b_{c}": getattr(row, c) for c in changed}}
-            )
-    for columns, params in groups.items():
-        s.connection().execute(
-            update(table)
-            .where(table.c.name == bindparam("b_name"))
-            .values({c: bindparam(f"b_{c}") for c in columns}),
-            params,
-        )
