@@ -69,6 +69,11 @@ class ScheduleFigures:
     last_drift_ms: int | None
     paused: bool
     stopped: bool
+    #: What dropped the ``skips``, and the runs ``replace`` revoked (migration 0006).
+    busy_skips: int = 0
+    window_drops: int = 0
+    buffer_drops: int = 0
+    replaced: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,6 +176,10 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
         ScheduleRow.runs,
         ScheduleRow.failures,
         ScheduleRow.skips,
+        ScheduleRow.busy_skips,
+        ScheduleRow.window_drops,
+        ScheduleRow.buffer_drops,
+        ScheduleRow.replaced,
         ScheduleRow.overlaps,
         ScheduleRow.active_runs,
         ScheduleRow.pending_runs,
@@ -184,6 +193,10 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
             runs=r.runs,
             failures=r.failures,
             skips=r.skips,
+            busy_skips=r.busy_skips,
+            window_drops=r.window_drops,
+            buffer_drops=r.buffer_drops,
+            replaced=r.replaced,
             overlaps=r.overlaps,
             active_runs=r.active_runs,
             pending_runs=r.pending_runs,
@@ -277,7 +290,29 @@ def _schedule_families(snap: MetricsSnapshot) -> Iterator[Metric]:
             "boundedbeat_schedule_failures", "Runs settled in a failure state", labels=["schedule"]
         ),
         "skips": CounterMetricFamily(
-            "boundedbeat_schedule_skips", "Ticks dropped because every slot was busy", labels=["schedule"]
+            "boundedbeat_schedule_skips",
+            "Ticks dropped, whatever dropped them (busy slots, catchup_window, the pending buffer)",
+            labels=["schedule"],
+        ),
+        "busy_skips": CounterMetricFamily(
+            "boundedbeat_schedule_busy_skips",
+            "Ticks dropped because every slot was busy",
+            labels=["schedule"],
+        ),
+        "window_drops": CounterMetricFamily(
+            "boundedbeat_schedule_window_drops",
+            "Ticks dropped because they were found past catchup_window",
+            labels=["schedule"],
+        ),
+        "buffer_drops": CounterMetricFamily(
+            "boundedbeat_schedule_buffer_drops",
+            "Ticks dropped from the pending buffer (coalesce_latest, catch_up)",
+            labels=["schedule"],
+        ),
+        "replaced": CounterMetricFamily(
+            "boundedbeat_schedule_replaced",
+            "Active runs revoked for a newer tick (missed_ticks replace)",
+            labels=["schedule"],
         ),
         "overlaps": CounterMetricFamily(
             "boundedbeat_schedule_overlaps", "Runs started while another was active", labels=["schedule"]
