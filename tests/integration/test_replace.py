@@ -9,7 +9,7 @@ import pytest
 from celery_boundedbeat.store import REPLACED
 
 from .harness import Harness
-from .reads import ACTIVE_STATES
+from .reads import ACTIVE_STATES, epoch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -71,3 +71,51 @@ def test_replace_terminates_the_old_run_and_starts_the_new_one_within_the_bound(
     assert books["active_runs"] == books["active"] == 1, books
     assert books["skips"] == 0, books
     bb.assert_no_errors()
+
+
+@pytest.mark.parametrize("backend", ["pg-rabbitmq"], indirect=True)
+def test_replace_in_a_threads_pool_lets_the_old_task_finish_and_ignores_its_outcome(bb: Harness) -> None:
+    """threads cannot terminate: a replaced 4 s task runs to its end, yet its run stays revoked
+    (settled once, by the tick), its completion is not counted, and one run at most is active."""
+    policy = {"missed_ticks": "replace"}
+    bb.write_app({"thr": bb.entry("thr", 1.5, policy=policy, durations=[4])})
+    bb.start(pool="threads", concurrency=4)
+
+    def one_active_at_most() -> None:
+        active = [r for r in bb.runs("thr") if r.state in ACTIVE_STATES]
+        assert len(active) <= 1, "two runs active:\n" + "\n".join(r.short() for r in active)
+
+    def replaced_and_ended() -> list[str]:
+        revoked = {r.id for r in bb.runs("thr") if r.state == "revoked"}
+        return [iv.id for iv in bb.intervals("thr") if iv.id in revoked and iv.end is not None]
+
+    ended = bb.wait_until(
+        lambda: len(replaced_and_ended()) >= 2 and replaced_and_ended(),
+        timeout=60,
+        what="two replaced tasks of 'thr' run to their end",
+        each=one_active_at_most,
+    )
+    tasks = {iv.id: iv for iv in bb.intervals("thr")}
+    runs = {r.id: r for r in bb.runs("thr")}
+    for run_id in ended:
+        task, run = tasks[run_id], runs[run_id]
+        assert task.end is not None and task.end - task.start >= 3.9, f"not run to its end: {task}"
+        assert (run.state, run.error) == ("revoked", REPLACED), run.short()
+        # Settled by the tick that replaced it, long before the task's own end.
+        assert run.finished_at is not None and epoch(run.finished_at) < task.end - 1, (run.short(), task)
+    bb.wait_until(
+        lambda: all(any(f"run {i} was already settled" in p.output() for p in bb.procs) for i in ended),
+        timeout=15,
+        what="the worker's ignored reports of the replaced runs",
+    )
+    (books,) = bb.sql(
+        "SELECT runs, replaced, active_runs, "
+        "(SELECT count(*) FROM boundedbeat_runs WHERE schedule = 'thr' AND state = 'completed') AS done, "
+        "(SELECT count(*) FROM boundedbeat_runs WHERE schedule = 'thr' AND state = 'revoked') AS revoked "
+        "FROM boundedbeat_schedules WHERE name = 'thr'"
+    )
+    assert (books["runs"], books["done"]) == (0, 0), books
+    assert books["replaced"] == books["revoked"] >= 2, books
+    assert books["active_runs"] == 1, books
+    # Celery's own answer to revoke(terminate=True) in a pool that cannot terminate (README).
+    bb.assert_no_errors("does not implement kill_job", "Traceback (most recent call last)")
