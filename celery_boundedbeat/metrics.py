@@ -280,43 +280,26 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=float(value))
 
 
+#: The per-schedule counters (``boundedbeat_schedule_<key>_total``): the schedule row's columns.
+SCHEDULE_COUNTERS: Mapping[str, str] = {
+    "failures": "Runs settled in a failure state",
+    "skips": "Ticks dropped, whatever dropped them (busy slots, catchup_window, the pending buffer)",
+    "busy_skips": "Ticks dropped because every slot was busy",
+    "window_drops": "Ticks dropped because they were found past catchup_window",
+    "buffer_drops": "Ticks dropped from the pending buffer (coalesce_latest, catch_up)",
+    "replaced": "Active runs revoked for a newer tick (missed_ticks replace)",
+    "overlaps": "Runs started while another was active",
+}
+
+
 def _schedule_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     """The per-schedule counters and gauges (every terminal state present, zeros included)."""
     runs = CounterMetricFamily(
         "boundedbeat_schedule_runs", "Runs settled, by terminal state", labels=["schedule", "state"]
     )
     counters = {
-        "failures": CounterMetricFamily(
-            "boundedbeat_schedule_failures", "Runs settled in a failure state", labels=["schedule"]
-        ),
-        "skips": CounterMetricFamily(
-            "boundedbeat_schedule_skips",
-            "Ticks dropped, whatever dropped them (busy slots, catchup_window, the pending buffer)",
-            labels=["schedule"],
-        ),
-        "busy_skips": CounterMetricFamily(
-            "boundedbeat_schedule_busy_skips",
-            "Ticks dropped because every slot was busy",
-            labels=["schedule"],
-        ),
-        "window_drops": CounterMetricFamily(
-            "boundedbeat_schedule_window_drops",
-            "Ticks dropped because they were found past catchup_window",
-            labels=["schedule"],
-        ),
-        "buffer_drops": CounterMetricFamily(
-            "boundedbeat_schedule_buffer_drops",
-            "Ticks dropped from the pending buffer (coalesce_latest, catch_up)",
-            labels=["schedule"],
-        ),
-        "replaced": CounterMetricFamily(
-            "boundedbeat_schedule_replaced",
-            "Active runs revoked for a newer tick (missed_ticks replace)",
-            labels=["schedule"],
-        ),
-        "overlaps": CounterMetricFamily(
-            "boundedbeat_schedule_overlaps", "Runs started while another was active", labels=["schedule"]
-        ),
+        key: CounterMetricFamily(f"boundedbeat_schedule_{key}", doc, labels=["schedule"])
+        for key, doc in SCHEDULE_COUNTERS.items()
     }
     gauges = {
         "active_runs": GaugeMetricFamily(
