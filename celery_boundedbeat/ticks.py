@@ -355,15 +355,15 @@ def _slots_for(due: _Due, ticks: int) -> int:
     takes the slot of the oldest active run, revoked in the same transaction (at most
     ``revocable``: the active runs the store found).
     """
-    free = max(due.policy.limit - due.active, 0)
     wanted = min(ticks, due.policy.limit, due.grid_room())
-    if due.policy.missed_ticks is MissedTicks.REPLACE and wanted > free:
-        revoked = min(wanted - free, due.revocable, due.active)
+    if due.policy.missed_ticks is MissedTicks.REPLACE:
+        # More active than the bound leaves room for (a smaller bound after a change) counts too.
+        needed = due.active + wanted - due.policy.limit
+        revoked = max(min(needed, due.revocable, due.active), 0)
         due.active -= revoked
         due.revocable -= revoked
         due.revoke += revoked
-        free += revoked
-    return min(free, ticks, due.grid_room())
+    return min(max(due.policy.limit - due.active, 0), ticks, due.grid_room())
 
 
 def _among_ticks(at: datetime, count: int, tick_at: Callable[[int], datetime]) -> bool:
