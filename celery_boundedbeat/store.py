@@ -231,7 +231,7 @@ def record_outcome(
 
 
 def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) -> list[Any]:
-    """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, at most the bound.
+    """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, all of them at most.
 
     Locked, skipping rows another transaction holds: a run a worker is settling right now is
     left alone (its settle frees its slot once this tick commits); waiting for it could
@@ -243,7 +243,7 @@ def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) ->
         select(RunRow.id, RunRow.started_at)
         .where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
         .order_by(RunRow.scheduled_for)
-        .limit(policy.limit)
+        .limit(state.active_runs)
         .with_for_update(skip_locked=True)
     )
     return list(s.execute(query))

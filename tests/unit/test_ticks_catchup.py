@@ -401,3 +401,10 @@ def test_every_passed_tick_is_run_dropped_or_pending_and_the_counters_add_up(
         assert_counts_add_up(state)
         assert ticks == state.grid_runs + state.skips + len(state.pending)
         assert state.replaced == revoked
+
+
+def test_replace_after_a_smaller_bound_revokes_down_to_the_new_bound() -> None:
+    """Two active runs left by fixed_rate 2, now fixed_rate_no_overlap: both go, one new run starts."""
+    policy = parse(missed_ticks="replace")
+    out = due(policy, waiting(active=2), T0, revocable=2)
+    assert (out.revoke, len(out.emit), out.state.active_runs) == (2, 1, 1)
