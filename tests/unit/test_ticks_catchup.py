@@ -408,3 +408,11 @@ def test_replace_after_a_smaller_bound_revokes_down_to_the_new_bound() -> None:
     policy = parse(missed_ticks="replace")
     out = due(policy, waiting(active=2), T0, revocable=2)
     assert (out.revoke, len(out.emit), out.state.active_runs) == (2, 1, 1)
+
+
+def test_coalesce_latest_after_the_window_runs_the_newest_and_keeps_the_one_before() -> None:
+    """As the README says: the newest tick within the window runs, the one before it waits."""
+    out = due(parse(missed_ticks="coalesce_latest", catchup_window=25), waiting(), T0 + sec(100))
+    assert [e.scheduled_for for e in out.emit] == [T0 + sec(100)]
+    assert out.state.pending == (T0 + sec(90),)
+    assert (out.window_dropped, out.buffer_dropped) == (8, 1)
