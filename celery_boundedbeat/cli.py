@@ -136,6 +136,8 @@ def status(ctx: click.Context, as_json: bool, fmt: str) -> None:
                 "RUNS",
                 "FAILURES",
                 "SKIPS",
+                "BUSY/WINDOW/BUFFER",
+                "REPLACED",
                 "OVERLAPS",
                 "LAST MS",
             ],
@@ -162,6 +164,8 @@ def _status_row(s: ScheduleSnapshot) -> list[str]:
         str(s.runs),
         str(s.failures),
         str(s.skips),
+        f"{s.busy_skips}/{s.window_drops}/{s.buffer_drops}",
+        str(s.replaced),
         str(s.overlaps),
         "-" if s.last_elapsed_ms is None else str(s.last_elapsed_ms),
     ]
@@ -241,11 +245,18 @@ def pause(ctx: click.Context, name: str) -> None:
 
 @boundedbeat.command()
 @click.argument("name")
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="Hand the ticks passed while paused to missed_ticks (bounded by catchup_window) "
+    "instead of rejoining the grid at the next tick.",
+)
 @click.pass_context
-def resume(ctx: click.Context, name: str) -> None:
+def resume(ctx: click.Context, name: str, replay: bool) -> None:
     """Emit runs of NAME again (also lifts stop_schedule())."""
+    action = "resumed, replaying the ticks passed while paused" if replay else "resumed"
     try:
-        _named(ctx, name, "resumed", lambda st, n, now: st.set_paused(n, False, now))
+        _named(ctx, name, action, lambda st, n, now: st.set_paused(n, False, now, replay=replay))
     except ScheduleEndedError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -25,6 +25,8 @@ class MissedTicks(StrEnum):
     COALESCE_LATEST = "coalesce_latest"
     #: Keep at most ``max_pending`` pending runs, oldest first.
     CATCH_UP = "catch_up"
+    #: Revoke (terminate) the oldest active run, which settles ``revoked``, and start this one.
+    REPLACE = "replace"
 
 
 class RunState(StrEnum):

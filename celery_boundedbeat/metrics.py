@@ -69,6 +69,11 @@ class ScheduleFigures:
     last_drift_ms: int | None
     paused: bool
     stopped: bool
+    #: What dropped the ``skips``, and the runs ``replace`` revoked (migration 0006).
+    busy_skips: int = 0
+    window_drops: int = 0
+    buffer_drops: int = 0
+    replaced: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,6 +176,10 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
         ScheduleRow.runs,
         ScheduleRow.failures,
         ScheduleRow.skips,
+        ScheduleRow.busy_skips,
+        ScheduleRow.window_drops,
+        ScheduleRow.buffer_drops,
+        ScheduleRow.replaced,
         ScheduleRow.overlaps,
         ScheduleRow.active_runs,
         ScheduleRow.pending_runs,
@@ -184,6 +193,10 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
             runs=r.runs,
             failures=r.failures,
             skips=r.skips,
+            busy_skips=r.busy_skips,
+            window_drops=r.window_drops,
+            buffer_drops=r.buffer_drops,
+            replaced=r.replaced,
             overlaps=r.overlaps,
             active_runs=r.active_runs,
             pending_runs=r.pending_runs,
@@ -267,21 +280,26 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=float(value))
 
 
+#: The per-schedule counters (``boundedbeat_schedule_<key>_total``): the schedule row's columns.
+SCHEDULE_COUNTERS: Mapping[str, str] = {
+    "failures": "Runs settled in a failure state",
+    "skips": "Ticks dropped, whatever dropped them (busy slots, catchup_window, the pending buffer)",
+    "busy_skips": "Ticks dropped because every slot was busy",
+    "window_drops": "Ticks dropped because they were found past catchup_window",
+    "buffer_drops": "Ticks dropped from the pending buffer (coalesce_latest, catch_up)",
+    "replaced": "Active runs revoked for a newer tick (missed_ticks replace)",
+    "overlaps": "Runs started while another was active",
+}
+
+
 def _schedule_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     """The per-schedule counters and gauges (every terminal state present, zeros included)."""
     runs = CounterMetricFamily(
         "boundedbeat_schedule_runs", "Runs settled, by terminal state", labels=["schedule", "state"]
     )
     counters = {
-        "failures": CounterMetricFamily(
-            "boundedbeat_schedule_failures", "Runs settled in a failure state", labels=["schedule"]
-        ),
-        "skips": CounterMetricFamily(
-            "boundedbeat_schedule_skips", "Ticks dropped because every slot was busy", labels=["schedule"]
-        ),
-        "overlaps": CounterMetricFamily(
-            "boundedbeat_schedule_overlaps", "Runs started while another was active", labels=["schedule"]
-        ),
+        key: CounterMetricFamily(f"boundedbeat_schedule_{key}", doc, labels=["schedule"])
+        for key, doc in SCHEDULE_COUNTERS.items()
     }
     gauges = {
         "active_runs": GaugeMetricFamily(

@@ -30,6 +30,7 @@ POLICY_KEYS = frozenset(
         "jitter",
         "end_at",
         "max_runs",
+        "catchup_window",
         "pause_on_failure",
         "keep_runs",
         "keep_for",
@@ -39,8 +40,9 @@ POLICY_KEYS = frozenset(
 #: Retention keys, stored only when set: a schedule without them keeps the digest it had
 #: before they existed, so an upgrade does not count every config schedule as changed.
 RETENTION_KEYS = ("keep_runs", "keep_for")
-#: Keys stored only when set, for the same reason as the retention keys.
-OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone")
+#: Keys added after schedules were first stored, written only when set for the same reason as
+#: the retention keys.
+OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone", "catchup_window")
 
 Problem = tuple[str, str, str]
 
@@ -62,6 +64,9 @@ class Policy:
     end_at: datetime | None = None
     #: At most this many runs from the grid (triggers do not count).
     max_runs: int | None = None
+    #: Grid ticks found more than this many seconds after their time are dropped, whatever
+    #: ``missed_ticks`` says (``None``: every passed tick goes to ``missed_ticks``).
+    catchup_window: float | None = None
     #: Pause after this many consecutive failed, timed-out or lost runs.
     pause_on_failure: int | None = None
     #: Retention: keep at most this many settled runs of the schedule in the history.
@@ -81,7 +86,7 @@ class Policy:
         return 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with the contract's key names (the optional keys only when set)."""
+        """A JSON-ready dict with the contract's key names (optional keys only when set)."""
         data: dict[str, Any] = {
             "mode": self.mode.value,
             "missed_ticks": self.missed_ticks.value,
@@ -112,6 +117,7 @@ class Policy:
             jitter=data.get("jitter"),
             end_at=None if data.get("end_at") is None else datetime.fromisoformat(data["end_at"]),
             max_runs=data.get("max_runs"),
+            catchup_window=data.get("catchup_window"),
             pause_on_failure=data.get("pause_on_failure"),
             keep_runs=data.get("keep_runs"),
             keep_for=data.get("keep_for"),
@@ -273,6 +279,21 @@ def _check_fixed_delay(read: _Reader, mode: Mode | None, missed: MissedTicks | N
         read.problem("policy.missed_ticks", f"must stay 'skip' with mode 'fixed_delay', got {missed.value!r}")
     if kind != "interval":
         read.problem("schedule", f"mode 'fixed_delay' needs a number or timedelta schedule, not a {kind}")
+    if read.merged.get("catchup_window") is not None:
+        read.problem(
+            "policy.catchup_window",
+            "is not allowed with mode 'fixed_delay' (it has no grid: a late due time runs once)",
+        )
+
+
+def _check_window(read: _Reader, window: float | None, jitter: float | None) -> None:
+    """A window within the jitter would drop ticks that are late only because jitter delayed them."""
+    if window is not None and jitter is not None and window <= jitter:
+        read.problem(
+            "policy.catchup_window",
+            f"must be longer than jitter ({jitter:g} s), or jittered ticks would be dropped on time, "
+            f"got {window:g}",
+        )
 
 
 def parse_policy(
@@ -305,6 +326,7 @@ def parse_policy(
     jitter = read.duration("jitter", allow_zero=True)
     end_at = read.instant("end_at")
     max_runs = read.positive_int("max_runs")
+    catchup_window = read.duration("catchup_window", allow_zero=False)
     pause_on_failure = read.positive_int("pause_on_failure")
     keep_runs = read.positive_int("keep_runs")
     keep_for = read.duration("keep_for", allow_zero=False)
@@ -312,6 +334,7 @@ def parse_policy(
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
+    _check_window(read, catchup_window, jitter)
     if read.problems or mode is None or missed is None:
         return None, read.problems
     policy = Policy(
@@ -324,6 +347,7 @@ def parse_policy(
         jitter=jitter,
         end_at=end_at,
         max_runs=max_runs,
+        catchup_window=catchup_window,
         pause_on_failure=pause_on_failure,
         keep_runs=keep_runs,
         keep_for=keep_for,

@@ -55,11 +55,15 @@ def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
 
     Slots only free up in the meantime (only the lease holder starts runs): an outcome that
     emits without skipping, coalescing or keeping anything waiting is the outcome at the due
-    time too. Queued triggers and backfill compete for slots, so their schedules are never prepared.
+    time too. Queued triggers and backfill compete for slots, so their schedules are never
+    prepared. An outcome that drops a tick (busy, past ``catchup_window``, or from the buffer)
+    or revokes a run to replace it is left to the tick at the due time too (``on_due`` is asked
+    without runs to revoke here, so ``replace`` never revokes in a prepared tick).
     """
     return (
         bool(outcome.emit)
         and outcome.skipped == 0
+        and outcome.revoke == 0
         and not outcome.coalesced
         and not outcome.state.pending
         and not before.triggers

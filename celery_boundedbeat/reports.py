@@ -30,7 +30,18 @@ class ScheduleSnapshot:
     active_runs: int
     pending_runs: int
     runs: int
+    #: Every tick dropped: ``busy_skips + window_drops + buffer_drops`` (for drops counted since
+    #: migration 0006; earlier ones are in ``skips`` alone).
     skips: int
+    #: Ticks dropped because every slot was busy (Temporal's ``overlap_skipped``).
+    busy_skips: int
+    #: Ticks found past ``catchup_window`` and dropped (Temporal's ``missed_catchup_window``).
+    window_drops: int
+    #: Ticks dropped from the pending buffer: ``coalesce_latest``/``catch_up`` overflow, a smaller
+    #: bound after a change, an end with ticks still pending (Temporal's ``buffer_dropped``).
+    buffer_drops: int
+    #: Active runs revoked to make room for a newer tick (``missed_ticks: "replace"``).
+    replaced: int
     overlaps: int
     failures: int
     last_drift_ms: int | None
@@ -66,6 +77,10 @@ class ScheduleSnapshot:
             pending_runs=row.pending_runs,
             runs=row.runs,
             skips=row.skips,
+            busy_skips=row.busy_skips or 0,
+            window_drops=row.window_drops or 0,
+            buffer_drops=row.buffer_drops or 0,
+            replaced=row.replaced or 0,
             overlaps=row.overlaps,
             failures=row.failures,
             last_drift_ms=row.last_drift_ms,

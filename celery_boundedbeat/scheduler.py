@@ -270,7 +270,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     self._runs_may_be_active = True
                     if self._dispatch_loop is not None:
                         self._dispatch_loop.wake()
-                send_signals(on_ticked(result.outcomes, now))  # the tick has committed
+                self._terminate_replaced(result.revoked)  # the tick has committed
+                send_signals(on_ticked(result.outcomes, now))
         else:
             result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
         self._housekeep(mono, now)
@@ -374,6 +375,25 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._succeeded("tick")
         return result
 
+    def _terminate_replaced(self, run_ids: list[str]) -> None:
+        """Ask the workers to terminate the runs a committed tick replaced (``replace``).
+
+        The rows are settled already; a worker that cannot terminate (threads, solo) or never
+        hears this lets the task finish, and its late outcome changes nothing.
+        """
+        if not run_ids:
+            return
+        logger.info("celery_boundedbeat: replaced %d active run(s): %s", len(run_ids), ", ".join(run_ids))
+        try:
+            self.app.control.revoke(run_ids, terminate=True)
+        except Exception as exc:  # a broker hiccup: the runs are settled, only the tasks go on
+            logger.warning(
+                "celery_boundedbeat: could not ask the workers to terminate replaced run(s) %s (%s: %s)",
+                ", ".join(run_ids),
+                type(exc).__name__,
+                exc,
+            )
+
     def _housekeep(self, mono: float, now: datetime) -> None:
         """The leader's periodic chores: the reaper, the alert signals, silent workers' rows."""
         if mono >= self._next_reap_at:
@@ -466,9 +486,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 ", overlapping" if run.overlap else "",
             )
         for name, outcome in result.outcomes.items():
-            if outcome.skipped:
+            if outcome.busy_skipped:
                 logger.info(
-                    "celery_boundedbeat: %s skipped %d tick(s): every slot busy", name, outcome.skipped
+                    "celery_boundedbeat: %s skipped %d tick(s): every slot busy", name, outcome.busy_skipped
+                )
+            if outcome.window_dropped:
+                logger.info(
+                    "celery_boundedbeat: %s dropped %d tick(s) found past catchup_window",
+                    name,
+                    outcome.window_dropped,
+                )
+            if outcome.buffer_dropped:
+                logger.info(
+                    "celery_boundedbeat: %s dropped %d tick(s) from its pending buffer",
+                    name,
+                    outcome.buffer_dropped,
                 )
             if outcome.coalesced:
                 logger.info("celery_boundedbeat: %s coalesced missed ticks into one pending run", name)

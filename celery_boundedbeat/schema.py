@@ -104,7 +104,17 @@ class ScheduleRow(Base):
     #: Backfilled grid times waiting for a slot (ISO 8601, oldest first): ``backfill`` queued them.
     backfill: Mapped[list[str]] = mapped_column(JSON, default=list)
     runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Every tick dropped: ``busy_skips + window_drops + buffer_drops`` (counted apart since
+    #: migration 0006; drops from before it are in ``skips`` alone).
     skips: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Ticks dropped because every slot was busy (``missed_ticks: "skip"``).
+    busy_skips: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Ticks found more than ``catchup_window`` after their time, dropped.
+    window_drops: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Ticks dropped from the pending buffer (``coalesce_latest``/``catch_up`` overflow, ...).
+    buffer_drops: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Active runs revoked for a newer tick (``missed_ticks: "replace"``).
+    replaced: Mapped[int] = mapped_column(BigInteger, default=0)
     overlaps: Mapped[int] = mapped_column(BigInteger, default=0)
     failures: Mapped[int] = mapped_column(BigInteger, default=0)
     last_drift_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -43,7 +43,7 @@ from .alertlog import note_settle, take
 from .alerts import Alert
 from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
 from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
-from .enums import ACTIVE_STATES, RunState
+from .enums import ACTIVE_STATES, MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
 from .held import SCHEDULES, hold, light_select, write_changed
 from .messages import clip_error, message_options
@@ -52,6 +52,7 @@ from .rows import apply_state, state_of, write_state
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
 from .ticks import (
     Emission,
+    ScheduleState,
     TickOutcome,
     TriggerRefused,
     on_due,
@@ -72,6 +73,8 @@ SCHEDULES_CHANNEL = "boundedbeat_schedules"
 
 #: The error of an active run settled ``revoked`` by ``remove_schedule(revoke_active=True)``.
 REMOVED_WITH_REVOKE = "revoked: its schedule was removed (remove_schedule revoke_active)"
+#: The error of an active run revoked to make room for a newer tick (``missed_ticks: "replace"``).
+REPLACED = "revoked: replaced by the run of a newer tick (missed_ticks replace)"
 
 _ACTIVE = [s.value for s in ACTIVE_STATES]
 #: Terminal states the beat decides without hearing from the task (reaper, dispatcher).
@@ -133,6 +136,9 @@ class TickResult:
     now: datetime | None = None
     #: Due schedules whose definition could not be rebuilt, set aside (``set_aside_until``).
     unusable: list[str] = field(default_factory=list)
+    #: Runs this tick settled ``revoked`` for ``replace``: the beat asks the workers to
+    #: terminate them once the tick has committed.
+    revoked: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -233,6 +239,64 @@ def record_outcome(
         result.emitted.append(emitted)
 
 
+def _due(now: datetime, limit: int) -> Any:
+    """The tick's query: the due schedules, earliest first, skipping rows another transaction holds."""
+    return (
+        light_select()
+        .where(
+            SCHEDULES.c.next_due_at <= now,
+            SCHEDULES.c.paused.is_(False),
+            SCHEDULES.c.stopped.is_(False),
+        )
+        .order_by(SCHEDULES.c.next_due_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) -> list[Any]:
+    """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, all of them at most.
+
+    Locked, skipping rows another transaction holds: a run a worker is settling right now is
+    left alone (its settle frees its slot once this tick commits); waiting for it could
+    deadlock, as the settle waits for the schedule row this tick holds.
+    """
+    if policy.missed_ticks is not MissedTicks.REPLACE or state.active_runs == 0:
+        return []
+    query = (
+        select(RunRow.id, RunRow.started_at)
+        .where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+        .order_by(RunRow.scheduled_for)
+        .limit(state.active_runs)
+        .with_for_update(skip_locked=True)
+    )
+    return list(s.execute(query))
+
+
+def _revoke_replaced(s: Session, victims: Sequence[Any], now: datetime) -> list[str]:
+    """Settle ``victims`` ``revoked`` inside the tick: their slots and counters the tick decided.
+
+    Unlike ``settle_run`` the schedule row is not touched here (:func:`~.ticks.on_due` already
+    gave each slot to the new run and counted the run ``revoked``); a later report from the
+    worker finds the run settled and changes nothing.
+    """
+    revoked: list[str] = []
+    for run_id, started_at in victims:
+        elapsed = None if started_at is None else max(int((now - started_at).total_seconds() * 1000), 0)
+        done = s.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state.in_(_ACTIVE))
+            .values(state=RunState.REVOKED.value, finished_at=now, elapsed_ms=elapsed, error=REPLACED)
+        )
+        if done.rowcount:  # type: ignore[attr-defined]
+            revoked.append(run_id)
+        else:  # locked by this transaction: cannot happen; say so loudly if it ever does
+            logger.error("celery_boundedbeat: run %s to replace was no longer active", run_id)
+    if revoked:
+        s.execute(delete(QueueRow).where(QueueRow.run_id.in_(revoked)))
+    return revoked
+
+
 class Store:
     """The state database. Stateless apart from the engine; safe to share between threads."""
 
@@ -323,20 +387,9 @@ class Store:
         resolve = specs if callable(specs) else (lambda row: specs.get(row.name))
         result = TickResult(now=now)
         with self.session() as s:
-            query = (
-                light_select()
-                .where(
-                    SCHEDULES.c.next_due_at <= now,
-                    SCHEDULES.c.paused.is_(False),
-                    SCHEDULES.c.stopped.is_(False),
-                )
-                .order_by(SCHEDULES.c.next_due_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
-            held = hold(s, query)
+            held = hold(s, _due(now, limit))
             for row in held:
                 spec = resolve(row)
                 if spec is None:
@@ -345,7 +398,12 @@ class Store:
                     row.next_due_at = set_aside_until(now)
                     result.unusable.append(row.name)
                     continue
-                outcome = on_due(spec.policy, spec.timing, state_of(row), now, rng)
+                state = state_of(row)
+                victims = _replaceable(s, row.name, spec.policy, state)
+                outcome = on_due(spec.policy, spec.timing, state, now, rng, revocable=len(victims))
+                if outcome.revoke:
+                    result.revoked.extend(_revoke_replaced(s, victims[: outcome.revoke], now))
+                    row.last_finished_at = now
                 if any(e.backfilled for e in outcome.emit):
                     outcome = self._write_backfilled(
                         s, spec, row.name, outcome, now, expires_after, result, queue_rows
@@ -419,8 +477,11 @@ class Store:
         with self.session() as s:
             return self._next_due(s)
 
-    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
-        """Pause or resume; resume also lifts ``stop_schedule()``. False if unknown."""
+    def set_paused(self, name: str, paused: bool, now: datetime, *, replay: bool = False) -> bool:
+        """Pause or resume; resume also lifts ``stop_schedule()``. False if unknown.
+
+        ``replay`` (resume only) hands the ticks passed while paused to ``missed_ticks``.
+        """
         with self.session() as s:
             row = s.get(ScheduleRow, name, with_for_update=True)
             if row is None:
@@ -430,7 +491,7 @@ class Store:
                 if refused is not None:
                     raise ScheduleEndedError(name, refused)
                 policy = Policy.from_json(row.policy)
-                write_state(row, on_resume(policy, state_of(row), now, period=row.period))
+                write_state(row, on_resume(policy, state_of(row), now, period=row.period, replay=replay))
                 row.pause_reason = None
             row.paused = paused
             row.updated_at = now

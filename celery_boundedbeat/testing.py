@@ -77,6 +77,8 @@ class TimelineEvent:
     finish: datetime | None = None
     #: Whether another run of the schedule was active when this one started (``fixed_rate``).
     overlap: bool = False
+    #: A run revoked by a newer tick (``missed_ticks: "replace"``): ``finish`` is when.
+    revoked: bool = False
 
     @property
     def drift(self) -> timedelta:
@@ -99,7 +101,7 @@ class Timeline:
     #: The schedule's counters at the end, as ``boundedbeat status`` would show them.
     skips: int
     overlaps: int
-    #: Runs that finished before the end (each one ``completed``).
+    #: Runs that finished before the end and were not revoked (each one ``completed``).
     completed: int
 
     def of_kind(self, kind: EventKind) -> tuple[TimelineEvent, ...]:
@@ -183,6 +185,7 @@ class _Run:
     start: datetime
     finish: datetime
     overlap: bool
+    revoked: bool = False
 
 
 class _Clock:
@@ -222,9 +225,17 @@ class _Clock:
         state = self.state
         if state.next_due_at is None or state.next_due_at > now:
             return
-        outcome = on_due(self.spec.policy, self.spec.timing, state, now, self.rng)
+        outcome = on_due(self.spec.policy, self.spec.timing, state, now, self.rng, revocable=len(self.active))
         self.state = outcome.state
+        self._revoke(outcome.revoke, now)
         self._record(state, outcome, now)
+
+    def _revoke(self, count: int, now: datetime) -> None:
+        """``replace``: the oldest active runs end now, revoked (their slots went to new runs)."""
+        for run in sorted(self.active, key=lambda r: r.scheduled_for)[:count]:
+            self.active.remove(run)
+            run.finish = now
+            run.revoked = True
 
     def _record(self, before: ScheduleState, outcome: TickOutcome, now: datetime) -> None:
         """Runs for the emissions; the ticks no longer pending nor run were dropped."""
@@ -306,6 +317,7 @@ def simulate(
             start=r.start,
             finish=r.finish,
             overlap=r.overlap,
+            revoked=r.revoked,
         )
         for r in clock.runs
     ]
@@ -318,7 +330,7 @@ def simulate(
         events=tuple(events),
         skips=clock.state.skips,
         overlaps=clock.state.overlaps,
-        completed=sum(1 for r in clock.runs if r.finish < end),
+        completed=sum(1 for r in clock.runs if r.finish < end and not r.revoked),
     )
 
 

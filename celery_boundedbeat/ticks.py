@@ -55,7 +55,17 @@ class ScheduleState:
     grid_at: datetime | None = None
     next_due_at: datetime | None = None
     runs: int = 0
+    #: Every grid tick dropped, whatever dropped it: the sum of the three counters below.
     skips: int = 0
+    #: Ticks dropped because every slot was busy (``skip``; ``replace`` when it cannot revoke).
+    busy_skips: int = 0
+    #: Ticks dropped because they were found more than ``catchup_window`` after their time.
+    window_drops: int = 0
+    #: Ticks dropped from the pending buffer: ``coalesce_latest``/``catch_up`` overflow, a
+    #: smaller bound after a change, or an end reached with ticks still pending.
+    buffer_drops: int = 0
+    #: Active runs revoked to make room for a newer tick (``missed_ticks: "replace"``).
+    replaced: int = 0
     overlaps: int = 0
     failures: int = 0
     last_drift_ms: int | None = None
@@ -122,9 +132,21 @@ class TickOutcome:
 
     state: ScheduleState
     emit: tuple[Emission, ...] = ()
+    #: Ticks dropped by this tick, whatever dropped them (``ticks_dropped`` reports this).
     skipped: int = 0
     coalesced: bool = False
     ticks: int = 0
+    #: Of ``skipped``: found past ``catchup_window``, and dropped from the pending buffer.
+    window_dropped: int = 0
+    buffer_dropped: int = 0
+    #: Oldest active runs the store must settle ``revoked`` (and the workers terminate) in
+    #: this tick's transaction: their slots already went to the new runs (``replace``).
+    revoke: int = 0
+
+    @property
+    def busy_skipped(self) -> int:
+        """Of ``skipped``: ticks dropped because every slot was busy."""
+        return self.skipped - self.window_dropped - self.buffer_dropped
 
 
 def _ms(delta: timedelta) -> int:
@@ -181,13 +203,18 @@ class _Due:
     next_due: datetime | None
     grid_runs: int = 0
     backfilled: int = 0
+    #: Active runs the store could revoke for ``replace`` (it found and locked them).
+    revocable: int = 0
     emit: list[Emission] = field(default_factory=list)
     skipped: int = 0
     coalesced: bool = False
     ticks: int = 0
+    window_dropped: int = 0
+    buffer_dropped: int = 0
+    revoke: int = 0
 
     @classmethod
-    def of(cls, policy: Policy, state: ScheduleState, now: datetime) -> _Due:
+    def of(cls, policy: Policy, state: ScheduleState, now: datetime, revocable: int = 0) -> _Due:
         return cls(
             policy=policy,
             now=now,
@@ -201,6 +228,7 @@ class _Due:
             grid_at=state.grid_at,
             next_due=state.next_due_at,
             grid_runs=state.grid_runs,
+            revocable=revocable,
         )
 
     def has_slot(self) -> bool:
@@ -276,10 +304,21 @@ class _Due:
             skips=self.skips,
             last_drift_ms=self.drift,
             grid_runs=self.grid_runs,
+            busy_skips=state.busy_skips + self.skipped - self.window_dropped - self.buffer_dropped,
+            window_drops=state.window_drops + self.window_dropped,
+            buffer_drops=state.buffer_drops + self.buffer_dropped,
+            replaced=state.replaced + self.revoke,
+            failures=state.failures + self.revoke,
         )
-        emit = tuple(self.emit)
         return TickOutcome(
-            state=new, emit=emit, skipped=self.skipped, coalesced=self.coalesced, ticks=self.ticks
+            state=new,
+            emit=tuple(self.emit),
+            skipped=self.skipped,
+            coalesced=self.coalesced,
+            ticks=self.ticks,
+            window_dropped=self.window_dropped,
+            buffer_dropped=self.buffer_dropped,
+            revoke=self.revoke,
         )
 
 
@@ -317,17 +356,51 @@ def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Rando
     due.start_waiting(backfill=False)
     due.ticks = count
     due.drift = _ms(due.now - grid_at)
-    n_start = min(max(due.policy.limit - due.active, 0), count, due.grid_room())
+    live = _within_window(due, count, tick_at)
+    n_start = _slots_for(due, len(live))
     if due.policy.missed_ticks is MissedTicks.CATCH_UP:
-        started, rest = range(n_start), range(n_start, count)
+        started, rest = live[:n_start], live[n_start:]
     else:
-        started, rest = range(count - n_start, count), range(count - n_start)
+        started, rest = live[len(live) - n_start :], live[: len(live) - n_start]
     for i in started:
         due.reserve(tick_at(i))
     _handle_missed(due, tick_at, rest)
     due.skips += due.skipped
     due.grid_at = next_grid
     due.next_due = next_grid + jitter_delay(due.policy, timing.gap(next_grid), rng)
+
+
+def _within_window(due: _Due, count: int, tick_at: Callable[[int], datetime]) -> range:
+    """The indexes of the passed ticks within ``catchup_window``; the older ones are dropped.
+
+    A tick is older than the window when it is found more than ``catchup_window`` seconds
+    after its grid time (``now - tick > window``); one exactly ``window`` old is still run.
+    """
+    window = due.policy.catchup_window
+    if window is None or not count:
+        return range(count)
+    stale = bisect_left(range(count), due.now - timedelta(seconds=window), key=tick_at)
+    due.window_dropped = stale
+    due.skipped += stale
+    return range(stale, count)
+
+
+def _slots_for(due: _Due, ticks: int) -> int:
+    """How many of ``ticks`` start now; ``replace`` first revokes the oldest active runs it may.
+
+    ``replace`` runs the newest ticks, as many as the bound allows: each that finds no free slot
+    takes the slot of the oldest active run, revoked in the same transaction (at most
+    ``revocable``: the active runs the store found).
+    """
+    wanted = min(ticks, due.policy.limit, due.grid_room())
+    if due.policy.missed_ticks is MissedTicks.REPLACE:
+        # More active than the bound leaves room for (a smaller bound after a change) counts too.
+        needed = due.active + wanted - due.policy.limit
+        revoked = max(min(needed, due.revocable, due.active), 0)
+        due.active -= revoked
+        due.revocable -= revoked
+        due.revoke += revoked
+    return min(max(due.policy.limit - due.active, 0), ticks, due.grid_room())
 
 
 def _among_ticks(at: datetime, count: int, tick_at: Callable[[int], datetime]) -> bool:
@@ -345,11 +418,12 @@ def _handle_missed(due: _Due, tick_at: Callable[[int], datetime], rest: range) -
     missed = len(rest)
     if not missed:
         return
-    if due.policy.missed_ticks is MissedTicks.SKIP:
-        due.skipped = missed
-    elif due.policy.missed_ticks is MissedTicks.COALESCE_LATEST:
+    if due.policy.missed_ticks in (MissedTicks.SKIP, MissedTicks.REPLACE):
+        due.skipped += missed  # busy: ``replace`` ran the newest ticks, these were older
+        return
+    if due.policy.missed_ticks is MissedTicks.COALESCE_LATEST:
         # The latest missed tick replaces every pending one: each tick replaced is a skip too.
-        due.skipped = missed - 1 + len(due.pending)
+        dropped = missed - 1 + len(due.pending)
         due.pending = [tick_at(rest[-1])]
         due.coalesced = True
     else:
@@ -357,17 +431,27 @@ def _handle_missed(due: _Due, tick_at: Callable[[int], datetime], rest: range) -
         room = max(due.policy.max_pending - len(due.pending), 0)
         added = min(room, missed)
         due.pending.extend(tick_at(rest[i]) for i in range(added))
-        due.skipped = missed - added
+        dropped = missed - added
+    due.skipped += dropped
+    due.buffer_dropped += dropped
 
 
 def on_due(
-    policy: Policy, timing: Timing, state: ScheduleState, now: datetime, rng: random.Random
+    policy: Policy,
+    timing: Timing,
+    state: ScheduleState,
+    now: datetime,
+    rng: random.Random,
+    *,
+    revocable: int = 0,
 ) -> TickOutcome:
     """Handle a schedule whose ``next_due_at`` has come (``fixed_rate_driver`` + fixed delay).
 
-    Fixed rate: every grid tick passed counts (``1 + overdue // period``); as many start as
-    slots are free, the rest go to ``missed_ticks``; the grid advances past ``now``. Then
-    pending runs start while slots are free. Fixed delay: one run, then wait for its finish.
+    Fixed rate: every grid tick passed counts (``1 + overdue // period``); those found past
+    ``catchup_window`` are dropped; as many start as slots are free, the rest go to
+    ``missed_ticks``; the grid advances past ``now``. Then pending runs start while slots are
+    free. Fixed delay: one run, then wait for its finish. ``revocable`` is how many of the
+    active runs ``replace`` may revoke (the store found them; see :attr:`TickOutcome.revoke`).
     """
     if state.stopped:
         return TickOutcome(state=replace(state, next_due_at=None))
@@ -376,7 +460,7 @@ def on_due(
     if not state.asked and _end_reason(policy, state) is not None:
         # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
         return _ended_if_over(policy, TickOutcome(state=state))
-    due = _Due.of(policy, state, now)
+    due = _Due.of(policy, state, now, revocable)
     if policy.mode is Mode.FIXED_DELAY:
         _due_fixed_delay(due)
     elif due.grid_at is None:
@@ -432,10 +516,16 @@ def _ended_if_over(policy: Policy, outcome: TickOutcome) -> TickOutcome:
         stop_reason=reason,
         pending=(),
         skips=state.skips + dropped,
+        buffer_drops=state.buffer_drops + dropped,
         grid_at=None,
         next_due_at=state.next_due_at if state.asked else None,
     )
-    return replace(outcome, state=_settled_end(ended), skipped=outcome.skipped + dropped)
+    return replace(
+        outcome,
+        state=_settled_end(ended),
+        skipped=outcome.skipped + dropped,
+        buffer_dropped=outcome.buffer_dropped + dropped,
+    )
 
 
 def _settled_end(state: ScheduleState) -> ScheduleState:
@@ -561,18 +651,26 @@ def on_trigger(
     return Triggered(state=replace(state, triggers=(*state.triggers, at), next_due_at=due), scheduled_for=at)
 
 
-def on_resume(policy: Policy, state: ScheduleState, now: datetime, *, period: float | None) -> ScheduleState:
+def on_resume(
+    policy: Policy, state: ScheduleState, now: datetime, *, period: float | None, replay: bool = False
+) -> ScheduleState:
     """Resume a paused (or stopped) schedule: ticks passed meanwhile are not missed ticks.
 
     Fixed delay is due at once unless a run is still active (its settle sets the next due).
     An interval grid rejoins at its first tick after ``now``; a past calendar grid (no
     ``period``) is cleared and due now, so :func:`on_due` re-anchors it without emitting. A
     future grid keeps its (jittered) due time. Waiting runs make it due at once.
+
+    ``replay`` keeps a past grid where the pause left it and makes it due now: the next
+    :func:`on_due` counts the ticks passed meanwhile and hands them to ``missed_ticks``, as
+    after a beat outage (``catchup_window`` bounds them).
     """
     grid_at, next_due = state.grid_at, state.next_due_at
     if policy.mode is Mode.FIXED_DELAY:
         if state.active_runs == 0:
             next_due = now
+    elif replay and grid_at is not None and grid_at < now:
+        next_due = now
     elif grid_at is not None and grid_at < now and period:
         step = timedelta(seconds=period)
         grid_at = grid_at + step * ((now - grid_at) // step + 1)
@@ -678,7 +776,7 @@ def _restarted(
 
 def pending_bound(policy: Policy) -> int:
     """How many missed grid ticks may wait for a slot: the ``missed_ticks`` bound."""
-    if policy.mode is Mode.FIXED_DELAY or policy.missed_ticks is MissedTicks.SKIP:
+    if policy.mode is Mode.FIXED_DELAY or policy.missed_ticks in (MissedTicks.SKIP, MissedTicks.REPLACE):
         return 0
     if policy.missed_ticks is MissedTicks.COALESCE_LATEST:
         return 1
@@ -702,4 +800,4 @@ def _within_pending_bound(policy: Policy, state: ScheduleState) -> ScheduleState
         return state
     coalesce = policy.missed_ticks is MissedTicks.COALESCE_LATEST
     kept = state.pending[extra:] if coalesce else state.pending[:bound]
-    return replace(state, pending=kept, skips=state.skips + extra)
+    return replace(state, pending=kept, skips=state.skips + extra, buffer_drops=state.buffer_drops + extra)

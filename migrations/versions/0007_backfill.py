@@ -1,7 +1,7 @@
 """schedules: backfilled grid times waiting for a slot
 
 Revision ID: 0007_backfill
-Revises: 0005
+Revises: 0006_policy_counters
 Create Date: 2026-12-01 17:00:00
 
 ``backfill NAME --start T --end T`` queues the schedule's grid times in the range that have
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_backfill"
-down_revision = "0005"
+down_revision = "0006_policy_counters"
 branch_labels = None
 depends_on = None
 

@@ -192,3 +192,34 @@ def test_errors_never_show_the_database_password(tmp_path: object) -> None:
     assert result.exit_code != 0
     assert "s3cr3t-pw" not in result.output
     assert "***" in result.output
+
+
+def test_resume_replay_hands_the_paused_ticks_to_the_policy(app: Celery, store: Store) -> None:
+    """`resume` rejoins the grid after now; `resume --replay` leaves the passed ticks due now."""
+    before = store.schedules(["report"])[0].grid_at
+    assert before is not None and before < datetime.now(UTC)
+    assert run(app, "pause", "report").exit_code == 0
+    result = run(app, "resume", "report", "--replay")
+    assert result.exit_code == 0, result.output
+    assert result.output == "report: resumed, replaying the ticks passed while paused\n"
+    row = store.schedules(["report"])[0]
+    assert row.grid_at == before
+    assert row.next_due_at is not None and row.next_due_at <= datetime.now(UTC)
+    assert run(app, "pause", "report").exit_code == 0
+    assert run(app, "resume", "report").output == "report: resumed\n"
+    row = store.schedules(["report"])[0]
+    assert row.grid_at is not None and row.grid_at > datetime.now(UTC)
+
+
+def test_status_shows_what_dropped_the_skips_and_the_replaced_runs(app: Celery, store: Store) -> None:
+    """`status --json` has the four policy counters; the table shows them next to SKIPS."""
+    rows = json.loads(run(app, "status", "--json").output)
+    assert {k: rows[0][k] for k in ("busy_skips", "window_drops", "buffer_drops", "replaced")} == {
+        "busy_skips": 0,
+        "window_drops": 0,
+        "buffer_drops": 0,
+        "replaced": 0,
+    }
+    lines = run(app, "status").output.splitlines()
+    assert lines[0].index("BUSY/WINDOW/BUFFER") == lines[2].index("0/0/0")
+    assert "REPLACED" in lines[0]

@@ -189,3 +189,12 @@ def test_the_lead_grows_with_the_last_preparation_up_to_the_bound(store: Store) 
     ahead._last_runs = 100
     assert ahead.lead == 0.5
     assert ticker(0).lead == 0
+
+
+def test_a_tick_found_past_its_catchup_window_is_not_prepared_and_the_tick_drops_it(store: Store) -> None:
+    """The preparation decides with the same on_due: a tick 10 s late under a 5 s window emits nothing."""
+    entries = setup(store, spec("w", 60, policy={"catchup_window": 5}))
+    assert prepare(store, entries, T0 + sec(70)) is None
+    assert store.tick(entries, T0 + sec(70), RNG, 100).emitted == []
+    row = schedule(store, "w")
+    assert (row.window_drops, row.skips, row.next_due_at) == (1, 1, T0 + sec(120))

@@ -233,3 +233,13 @@ def test_every_grid_tick_is_one_event_and_the_drops_are_the_skips(
     assert len(tl.skipped) + len(tl.coalesced) == tl.skips > 0
     assert tl.max_active <= policy.get("max_concurrency", 1)
     assert all(e.start is not None and e.start >= e.scheduled_for for e in tl.runs)
+
+
+def test_replace_revokes_each_run_at_the_next_tick(app: Celery) -> None:
+    """replace, 10 s grid, 25 s runs: each run is revoked by the next tick, which starts at once."""
+    entry = {"task": "t", "schedule": 10, "policy": {"missed_ticks": "replace"}}
+    tl = simulate(entry, hours=35 / 3600, task_seconds=25, app=app)
+    # Runs at 0, 10, 20, 30; each of the first three ends (revoked) when the next one starts.
+    assert starts(tl) == [(0, 0, 10), (10, 10, 20), (20, 20, 30), (30, 30, 55)]
+    assert [r.revoked for r in tl.runs] == [True, True, True, False]
+    assert (tl.max_active, tl.skips, tl.completed) == (1, 0, 0)

@@ -83,7 +83,9 @@ class Pause:
 
 @dataclass(frozen=True)
 class Resume:
-    """Someone runs ``boundedbeat resume``."""
+    """Someone runs ``boundedbeat resume`` (``--replay``: the paused ticks go to the policy)."""
+
+    replay: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,10 @@ def raw_policies(calendar: bool) -> st.SearchStrategy[tuple[tuple[str, Any], ...
         if mode == "fixed_rate":
             raw["max_concurrency"] = draw(st.integers(1, 3))
         if mode != "fixed_delay":
-            raw["missed_ticks"] = draw(st.sampled_from(["skip", "coalesce_latest", "catch_up"]))
+            raw["missed_ticks"] = draw(st.sampled_from(["skip", "coalesce_latest", "catch_up", "replace"]))
             if raw["missed_ticks"] == "catch_up":
                 raw["max_pending"] = draw(st.integers(1, 3))
+            raw["catchup_window"] = draw(st.sampled_from([None, None, 0.9, 20.0]))
         raw["jitter"] = draw(st.sampled_from([None, 0.3]))
         raw["initial_delay"] = draw(st.sampled_from([0, 1.5]))
         return tuple(sorted(raw.items()))
@@ -141,6 +144,7 @@ def events(calendar: bool) -> st.SearchStrategy[tuple[int, Event]]:
         st.builds(Trigger, st.integers(2, MAX_QUEUED_TRIGGERS + 2)),
         st.just(Pause()),
         st.just(Resume()),
+        st.just(Resume(replay=True)),
         st.builds(Reconfigure, raw_policies(calendar), st.sampled_from(steps).map(float)),
         st.just(Restart()),
     )
@@ -164,7 +168,7 @@ def parse(raw: tuple[tuple[str, Any], ...], calendar: bool) -> Policy:
 
 def pending_bound(policy: Policy) -> int:
     """The contract's bound on pending grid ticks, written out independently of ticks.py."""
-    if policy.mode is Mode.FIXED_DELAY or policy.missed_ticks is MissedTicks.SKIP:
+    if policy.mode is Mode.FIXED_DELAY or policy.missed_ticks in (MissedTicks.SKIP, MissedTicks.REPLACE):
         return 0
     if policy.missed_ticks is MissedTicks.COALESCE_LATEST:
         return 1
@@ -192,6 +196,8 @@ class Sim:
     accepted: list[datetime] = field(default_factory=list)
     triggers_started: int = 0
     emitted_at: dict[datetime, datetime] = field(default_factory=dict)
+    #: Active runs ``replace`` revoked (the store settles them in the tick).
+    revoked: int = 0
 
     def __post_init__(self) -> None:
         self.timing = calendar_every(self.step) if self.calendar else IntervalTiming(self.step)
@@ -207,9 +213,14 @@ class Sim:
             return
         before = self.state
         expected = self.grid_ticks(before)
-        outcome = on_due(self.policy, self.timing, before, self.now, self.rng)
+        outcome = on_due(self.policy, self.timing, before, self.now, self.rng, revocable=len(self.active))
         self.state = outcome.state
         assert outcome.state.skips - before.skips == outcome.skipped
+        assert outcome.revoke == 0 or self.policy.missed_ticks is MissedTicks.REPLACE
+        # The store revokes the oldest active runs (by ``scheduled_for``); their slots are taken.
+        for run in sorted(self.active, key=lambda e: e.scheduled_for)[: outcome.revoke]:
+            self.active.remove(run)
+        self.revoked += outcome.revoke
         assert outcome.state.active_runs <= max(self.policy.limit, before.active_runs)
         if outcome.emit:
             assert outcome.state.active_runs <= self.policy.limit
@@ -282,11 +293,11 @@ class Sim:
         self.accepted.append(decided.scheduled_for)
         self.state = decided.state
 
-    def resume(self) -> None:
+    def resume(self, replay: bool = False) -> None:
         """``Store.set_paused(False)``: lifts a pause and a stop."""
         self.paused = False
         period = None if self.calendar else self.step
-        self.state = on_resume(self.policy, self.state, self.now, period=period)
+        self.state = on_resume(self.policy, self.state, self.now, period=period, replay=replay)
 
     def reconfigure(self, event: Reconfigure | Restart) -> None:
         """``Store.sync_config`` at a beat start, with a changed entry or the same one."""
@@ -335,6 +346,9 @@ class Sim:
         assert state.waiting_runs == len(state.pending) + len(state.triggers)
         # Every grid tick passed is exactly one of: emitted, skipped, still pending.
         assert len(self.ticks_passed) == self.grid_emitted + state.skips + len(state.pending)
+        # ... and each dropped one was dropped for one reason; every revoked run is counted.
+        assert state.skips == state.busy_skips + state.window_drops + state.buffer_drops, state
+        assert state.replaced == self.revoked
         assert set(state.pending) <= self.ticks_passed
         # Every accepted trigger is exactly one of: emitted, still queued.
         assert len(self.accepted) == self.triggers_started + len(state.triggers)
@@ -367,7 +381,7 @@ class Sim:
         elif isinstance(event, Pause):
             self.paused = True
         elif isinstance(event, Resume):
-            self.resume()
+            self.resume(event.replay)
         else:
             self.reconfigure(event)
         self.check()

@@ -55,12 +55,13 @@ POLICY_FIELDS = (
     "jitter",
     "end_at",
     "max_runs",
+    "catchup_window",
     "pause_on_failure",
     "keep_runs",
     "keep_for",
     "timezone",
 )
-SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter", "keep_for"})
+SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter", "catchup_window", "keep_for"})
 
 _BLANK = ("", "(default policy)")
 
@@ -185,6 +186,9 @@ class ScheduleForm(forms.ModelForm):
     )
     max_runs = forms.IntegerField(
         required=False, help_text="At most this many grid runs (triggers not counted)."
+    )
+    catchup_window = _seconds(
+        "Catch-up window (seconds)", "Grid ticks found later than this after their time are dropped."
     )
     pause_on_failure = forms.IntegerField(
         required=False, help_text="Pause after this many failed, timed-out or lost runs in a row."
