@@ -84,11 +84,13 @@ class AheadTicker:
         if prepared is None:
             return None, False
         try:
-            ready = self._publisher.prepare(prepared.claimed)
+            # Held until the publish: its frames are built for that producer's channel.
+            ready = self._publisher.prepare(prepared.claimed, hold=True)
             self._last_runs = len(prepared.claimed)
             self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
             if not sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK) or not self.still_leading():
                 prepared.abandon()
+                self._publisher.close()
                 return None, False
             # The claim is counted from the commit: the publish must end before it expires.
             timeout = self.settings.dispatch_claim_timeout
@@ -96,6 +98,7 @@ class AheadTicker:
             prepared.commit()
         except BaseException:
             prepared.abandon()
+            self._publisher.close()
             raise
         return prepared.result, self._publish(prepared, ready, deadline)
 

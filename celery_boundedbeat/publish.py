@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from time import monotonic
@@ -26,6 +26,7 @@ from celery import Celery, signals
 from celery.utils.nodenames import anon_nodename
 from kombu.messaging import Producer
 
+from .frames import Framer
 from .store import Claimed
 
 # The publish path logs under the dispatcher's logger: one name to configure for both halves.
@@ -58,6 +59,10 @@ class Publisher:
         self._sent_event = bool(app.conf.task_send_sent_event)
         #: Celery's ``confirm_publish`` asks for broker confirms; on AMQP we collect them per batch.
         self._confirming = _ConfirmingPublisher(app, confirm_timeout) if _wants_confirms(app) else None
+        #: The producer :meth:`prepare` holds for the publish (``hold=True``) and its framer.
+        self._held: ExitStack | None = None
+        self._held_producer: Any = None
+        self._framer: Framer | None = None
 
     @property
     def confirms(self) -> bool:
@@ -89,6 +94,8 @@ class Publisher:
             if publisher is not None:
                 first_tag = publisher.next_tag
                 producing: Any = nullcontext(publisher.producer())
+            elif self._held_producer is not None:
+                producing = nullcontext(self._held_producer)
             else:
                 producing = self.app.producer_or_acquire()
             with producing as producer:
@@ -125,26 +132,62 @@ class Publisher:
         as a lost reply leaves one message in doubt without batching.
         """
         declared: set[str] = set()
+        framer = self._framer if self._framer is not None and self._framer.usable(producer) else None
         for start in range(0, len(batch), PUBLISH_CHUNK):
             chunk: list[Claimed] = []
-            expired = False
             # Room for every command a chunk can need (a queue with an expiry adds a command per
             # priority step): nothing is flushed before the chunk is complete.
             with _publish_batch(producer):
-                for row in batch[start : start + PUBLISH_CHUNK]:
-                    if monotonic() >= deadline:
-                        expired = True
-                        break
-                    built = ready.get(row.id)
-                    if built is None:
-                        self._publish_row(producer, row, cache, declared)
-                    else:
-                        self._deliver(producer, built, cache)
-                    chunk.append(row)
+                expired = self._publish_chunk(
+                    producer,
+                    batch[start : start + PUBLISH_CHUNK],
+                    cache,
+                    deadline,
+                    chunk,
+                    ready,
+                    framer,
+                    declared,
+                )
             done.extend(chunk)
             if expired:
                 return True
         return False
+
+    def _publish_chunk(
+        self,
+        producer: Any,
+        rows: list[Claimed],
+        cache: _BatchCache,
+        deadline: float,
+        chunk: list[Claimed],
+        ready: Mapping[int, Ready],
+        framer: Framer | None,
+        declared: set[str],
+    ) -> bool:
+        """Publish ``rows`` into ``chunk``; frames built ahead go out in one write per run of them."""
+        frames: list[bytes] = []
+        expired = False
+        for row in rows:
+            if monotonic() >= deadline:
+                expired = True
+                break
+            built = ready.get(row.id)
+            if built is not None and built.frames is not None and framer is not None:
+                if built.tracked:
+                    cache.backend.on_task_call(producer, built.task_id)
+                frames.append(built.frames)
+            else:
+                if frames and framer is not None:
+                    framer.write(b"".join(frames))
+                    frames.clear()
+                if built is None:
+                    self._publish_row(producer, row, cache, declared)
+                else:
+                    self._deliver(producer, built, cache)
+            chunk.append(row)
+        if frames and framer is not None:
+            framer.write(b"".join(frames))
+        return expired
 
     def _publish_row(self, producer: Any, row: Claimed, cache: _BatchCache, declared: set[str]) -> None:
         options = self._options(row, declared)
@@ -164,11 +207,14 @@ class Publisher:
         )
 
     def close(self) -> None:
-        """Give back the confirming connection, if one is open."""
+        """Give back the confirming connection and the held producer, if any."""
         if self._confirming is not None:
             self._confirming.close()
+        held, self._held, self._held_producer, self._framer = self._held, None, None, None
+        if held is not None:
+            held.close()
 
-    def prepare(self, batch: list[Claimed]) -> dict[int, Ready]:
+    def prepare(self, batch: list[Claimed], *, hold: bool = False) -> dict[int, Ready]:
         """Build the messages of ``batch`` ahead of publishing them (by queue row id).
 
         Everything ``send_task`` does before the broker write: routing, the task's options, the
@@ -179,13 +225,31 @@ class Publisher:
         declared: set[str] = set()
         built: dict[int, Ready] = {}
         recorder = self._recorder()
+        framer = self._hold_producer() if hold and recorder is not None else None
         for row in batch:
             options = self._options(row, declared)
             if _NEEDS_SEND_TASK.isdisjoint(options):
                 ready = built[row.id] = self._build(row, options, cache)
                 if recorder is not None:
                     ready.wire = recorder.record(self.app, ready)
+                if framer is not None and ready.wire is not None:
+                    ready.frames = framer.frames(self._held_producer, ready.wire)
         return built
+
+    def _hold_producer(self) -> Framer | None:
+        """Take a producer from the pool until :meth:`close`, and a framer for its channel.
+
+        With ``hold=True`` the publish uses this producer, so frames built for its channel are
+        written on that channel. Not with confirms: that path has its own connection.
+        """
+        if self._confirming is not None:
+            return None
+        self.close()
+        stack = ExitStack()
+        self._held_producer = stack.enter_context(self.app.producer_or_acquire())
+        self._held = stack
+        self._framer = Framer.of(self._held_producer)
+        return self._framer
 
     def _recorder(self) -> _Recorder | None:
         """A stand-in producer that runs ``send_task_message`` ahead up to the broker write.
@@ -287,6 +351,8 @@ class Ready:
     #: (channel message, declares, broker write), recorded by :class:`_Recorder`; ``None``:
     #: ``send_task_message`` runs at the publish.
     wire: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    #: The AMQP frames of ``wire`` for the producer held until the publish (:mod:`.frames`).
+    frames: bytes | None = None
 
 
 class _Recording(Producer):

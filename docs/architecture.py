@@ -66,6 +66,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "entries",
             "definitions",
             "schedules",
+            "frames",
             "publish",
             "dispatch",
             "ahead",

@@ -127,7 +127,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["built at publish", "built ahead"])
+@pytest.mark.parametrize(
+    "ahead", ["", "ahead", "frames"], ids=["built at publish", "built ahead", "frames built ahead"]
+)
 @pytest.mark.parametrize("confirms", [False, True], ids=["pooled producer", "confirming channel"])
 @pytest.mark.parametrize(("label", "task", "options", "lands_on"), CASES, ids=[c[0] for c in CASES])
 def test_publisher_sends_what_send_task_sends(
@@ -137,12 +139,13 @@ def test_publisher_sends_what_send_task_sends(
     options: dict[str, Any],
     lands_on: str,
     confirms: bool,
-    ahead: bool,
+    ahead: str,
 ) -> None:
     """One row through ``Publisher``, the same row through ``send_task``: identical messages.
 
     Also with ``confirm_publish``, where ``Publisher`` publishes on its own confirming channel,
-    and with the messages built ahead by ``Publisher.prepare`` (a prepared tick).
+    with the messages built ahead by ``Publisher.prepare`` (a prepared tick), and with their
+    AMQP frames built ahead for a held producer and written as bytes (not with confirms).
     """
     app = make_app(names, confirms=confirms)
     options = {k: (v.format(**names) if isinstance(v, str) else v) for k, v in options.items()}
@@ -153,13 +156,17 @@ def test_publisher_sends_what_send_task_sends(
     # Twice in one batch: the second message takes the cached route.
     twin = claimed(task, options)
     twin.id = 2
-    ready = publisher.prepare([row, twin]) if ahead else None
+    ready = publisher.prepare([row, twin], hold=ahead == "frames") if ahead else None
     assert ready is None or set(ready) == {row.id, twin.id}
     # No publish-signal receivers here: the whole send_task_message path ran ahead.
     assert ready is None or all(r.wire is not None for r in ready.values())
+    framed = ahead == "frames" and not confirms
+    assert ready is None or all((r.frames is not None) is framed for r in ready.values())
     build = app.amqp.create_task_message
     if ahead:  # built ahead means built: publishing must not build them again
         app.amqp.create_task_message = None
+    if framed:  # written as frames: not replayed through kombu either
+        publisher._deliver = None  # type: ignore[assignment,method-assign]
     try:
         done, error = publisher.publish([row, twin], ready=ready)
     finally:
