@@ -133,21 +133,20 @@ class Publisher:
         """
         declared: set[str] = set()
         framer = self._framer if self._framer is not None and self._framer.usable(producer) else None
+        # Not built ahead (the dispatcher loop): each chunk is still framed before it is written.
+        recorder = None
+        if not ready and framer is None and self._may_record():
+            framer = Framer.of(producer)
+            recorder = _Recorder(producer) if framer is not None else None
         for start in range(0, len(batch), PUBLISH_CHUNK):
+            rows = batch[start : start + PUBLISH_CHUNK]
+            if recorder is not None and framer is not None:
+                ready = self._frame_chunk(producer, rows, cache, declared, recorder, framer)
             chunk: list[Claimed] = []
             # Room for every command a chunk can need (a queue with an expiry adds a command per
             # priority step): nothing is flushed before the chunk is complete.
             with _publish_batch(producer):
-                expired = self._publish_chunk(
-                    producer,
-                    batch[start : start + PUBLISH_CHUNK],
-                    cache,
-                    deadline,
-                    chunk,
-                    ready,
-                    framer,
-                    declared,
-                )
+                expired = self._publish_chunk(producer, rows, cache, deadline, chunk, ready, framer, declared)
             done.extend(chunk)
             if expired:
                 return True
@@ -188,6 +187,36 @@ class Publisher:
         if frames and framer is not None:
             framer.write(b"".join(frames))
         return expired
+
+    def _may_record(self) -> bool:
+        """Whether the dispatcher's chunks may be framed: no confirms, nothing listening to publishes."""
+        return not (
+            self._confirming is not None or self._sent_event or any(s.receivers for s in _PUBLISH_SIGNALS)
+        )
+
+    def _frame_chunk(
+        self,
+        producer: Any,
+        rows: list[Claimed],
+        cache: _BatchCache,
+        declared: set[str],
+        recorder: _Recorder,
+        framer: Framer,
+    ) -> dict[int, Ready]:
+        """Build a chunk's messages and their frames just before it is written (see :mod:`.frames`).
+
+        One socket write per chunk instead of ``basic_publish``'s per message: the dispatcher's
+        drain then costs less per message than a loop of ``Producer.publish``.
+        """
+        built: dict[int, Ready] = {}
+        for row in rows:
+            options = self._options(row, declared)
+            if _NEEDS_SEND_TASK.isdisjoint(options):
+                ready = built[row.id] = self._build(row, options, cache)
+                ready.wire = recorder.record(self.app, ready)
+                if ready.wire is not None:
+                    ready.frames = framer.frames(producer, ready.wire)
+        return built
 
     def _publish_row(self, producer: Any, row: Claimed, cache: _BatchCache, declared: set[str]) -> None:
         options = self._options(row, declared)
