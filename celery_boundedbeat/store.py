@@ -865,7 +865,15 @@ class Store:
         result = s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state == run.state)
-            .values(state=state.value, finished_at=now, elapsed_ms=elapsed, error=error)
+            .values(
+                state=state.value,
+                finished_at=now,
+                elapsed_ms=elapsed,
+                error=error,
+                # The dispatcher may have marked it published after the worker's report (its own
+                # later clock reading): a run is never published after it finished.
+                published_at=case((RunRow.published_at > now, now), else_=RunRow.published_at),
+            )
         )
         if not result.rowcount:  # type: ignore[attr-defined]
             return None

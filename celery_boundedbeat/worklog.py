@@ -87,7 +87,8 @@ _PG_START = text(
 _PG_FINISH = text(
     """
     UPDATE boundedbeat_runs AS r SET
-        state = v.state, finished_at = v.at, elapsed_ms = v.elapsed, error = v.error
+        state = v.state, finished_at = v.at, elapsed_ms = v.elapsed, error = v.error,
+        published_at = CASE WHEN r.published_at > v.at THEN v.at ELSE r.published_at END
     FROM unnest(
         CAST(:ids AS text[]), CAST(:states AS text[]), CAST(:ats AS timestamptz[]),
         CAST(:elapsed AS bigint[]), CAST(:errors AS text[])
