@@ -50,9 +50,13 @@ _KNOWN_TASKS = 4096
 _RETRY_EVERY = 1.0
 #: At most this many starts and outcomes per transaction.
 BATCH = 500
-#: Seconds the writer lets reports gather after the first one is queued: under load a batch
-#: then carries many runs for the cost of one transaction; each report waits at most this.
-LINGER = 0.05
+#: Seconds the writer lets reports gather after the first one is queued: ``LINGER_PER_WRITE``
+#: times as long as the last batch took to write, between ``LINGER_MIN`` and ``LINGER_MAX``.
+#: A transaction costs a few milliseconds of CPU whatever its size, so under load batches grow
+#: until that is a small share of the process; a lone report waits a few milliseconds.
+LINGER_MIN = 0.005
+LINGER_MAX = 0.2
+LINGER_PER_WRITE = 10
 #: Run ids of this process's recent outcomes: a second report of one is dropped here.
 _RECENT_SETTLES = 1024
 
@@ -105,6 +109,8 @@ class Tracker:
         self._retry_at = 0.0
         #: When the queue last went from empty to not empty (monotonic).
         self._queued_at = 0.0
+        #: Seconds the last batch took to write (sets how long the next one gathers).
+        self._last_write = 0.0
         #: task id -> run id of messages this process received (a prefork parent names the
         #: run of a child that died or hit its hard time limit from these).
         self._known: OrderedDict[str, str] = OrderedDict()
@@ -301,7 +307,9 @@ class Tracker:
                     batch = list(islice(self._queue, BATCH))
                 if not batch:
                     return True
+                began = time.monotonic()
                 written = self._write_batch(batch)
+                self._last_write = time.monotonic() - began
                 with self._lock:
                     for _ in range(written):
                         self._queue.popleft()
@@ -394,8 +402,9 @@ class Tracker:
             try:
                 if self._queue and time.monotonic() >= self._retry_at:
                     gathered = time.monotonic() - self._queued_at
-                    if gathered < LINGER and len(self._queue) < BATCH:
-                        time.sleep(LINGER - gathered)
+                    linger = min(LINGER_MAX, max(LINGER_MIN, LINGER_PER_WRITE * self._last_write))
+                    if gathered < linger and len(self._queue) < BATCH:
+                        time.sleep(linger - gathered)
                     self.flush(drain=False)
                 with self._lock:
                     busy = bool(self._active)
