@@ -52,10 +52,11 @@ _RETRY_EVERY = 1.0
 BATCH = 500
 #: Seconds the writer lets reports gather after the first one is queued: ``LINGER_PER_WRITE``
 #: times as long as the last batch took to write, between ``LINGER_MIN`` and ``LINGER_MAX``.
-#: A transaction costs a few milliseconds of CPU whatever its size, so under load batches grow
-#: until that is a small share of the process; a lone report waits a few milliseconds.
-LINGER_MIN = 0.005
-LINGER_MAX = 0.2
+#: A transaction costs a few milliseconds of CPU whatever its size, so under load batches grow;
+#: the cap keeps an outcome's slot free within a few tens of milliseconds of the task's end
+#: (a pending run starts then: at 200 ms a coalesced tick lost its slot to the next grid tick).
+LINGER_MIN = 0.002
+LINGER_MAX = 0.02
 LINGER_PER_WRITE = 10
 #: Run ids of this process's recent outcomes: a second report of one is dropped here.
 _RECENT_SETTLES = 1024
