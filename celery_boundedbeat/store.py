@@ -170,6 +170,13 @@ class Settled:
     elapsed_ms: int | None
 
 
+def elapsed_ms(started_at: datetime | None, finished_at: datetime) -> int | None:
+    """A settled run's ``elapsed_ms``: never negative (clocks of two hosts), None if it never started."""
+    if started_at is None:
+        return None
+    return max(int((finished_at - started_at).total_seconds() * 1000), 0)
+
+
 def emission_rows(
     spec: EntrySpec, schedule: str, emission: Emission, now: datetime, expires_after: float | None
 ) -> tuple[dict[str, Any], dict[str, Any], EmittedRun]:
@@ -282,7 +289,7 @@ def _revoke_replaced(s: Session, victims: Sequence[Any], now: datetime) -> list[
     """
     revoked: list[str] = []
     for run_id, started_at in victims:
-        elapsed = None if started_at is None else max(int((now - started_at).total_seconds() * 1000), 0)
+        elapsed = elapsed_ms(started_at, now)
         done = s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state.in_(_ACTIVE))
@@ -859,9 +866,7 @@ class Store:
             if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
                 self.note_late_outcome(s, run_id, run.state, run.error, state, now, error)
             return None
-        elapsed = int((now - run.started_at).total_seconds() * 1000) if run.started_at else None
-        if elapsed is not None:
-            elapsed = max(elapsed, 0)
+        elapsed = elapsed_ms(run.started_at, now)
         result = s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state == run.state)

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from .enums import ACTIVE_STATES, RunState
 from .held import SCHEDULES, hold, light_select, write_changed
 from .schema import RunRow
-from .store import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, Store
+from .store import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, Store, elapsed_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +195,7 @@ def _finish_many(
                 store.note_late_outcome(s, o.run_id, run.state, run.error, o.state, o.at, o.error)
             settled.append(None)
             continue
-        elapsed = (
-            None if run.started_at is None else max(int((o.at - run.started_at).total_seconds() * 1000), 0)
-        )
+        elapsed = elapsed_ms(run.started_at, o.at)
         finished[o.run_id] = (o, elapsed)
         settled.append(Settled(run_id=o.run_id, schedule=run.schedule, state=o.state, elapsed_ms=elapsed))
     if finished:
