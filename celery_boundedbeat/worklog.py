@@ -16,15 +16,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import NamedTuple
 
-from sqlalchemy import String, any_, literal, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
-from .held import SCHEDULES, hold, light_select, write_changed
-from .schema import RunRow
+from .held import HeldRows, driver_connection, driver_cursor, hold_pg, pipeline, write_changed
 from .store import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, Store, elapsed_ms
 
 
@@ -61,43 +58,62 @@ class Beat:
     at: datetime
 
 
+# The PostgreSQL statements go to psycopg directly (:func:`~.held.driver_cursor`): a batch of a
+# few reports spent more of the worker's CPU building and executing them through the ORM than
+# PostgreSQL spent running them. Values are always bound (``%(name)s``), never formatted in.
+
 #: Every start of the batch in one statement. A redelivered run that is already started keeps
 #: its start and only moves to the new process, as ``Store.start_in`` does.
-_PG_START = text(
-    """
+_PG_START = """
     UPDATE boundedbeat_runs AS r SET
-        state = :started,
-        started_at = CASE WHEN r.state = :started THEN r.started_at ELSE v.at END,
+        state = %(started)s,
+        started_at = CASE WHEN r.state = %(started)s THEN r.started_at ELSE v.at END,
         published_at = CASE
-            WHEN r.state = :started THEN r.published_at
+            WHEN r.state = %(started)s THEN r.published_at
             WHEN r.published_at IS NULL OR r.published_at > v.at THEN v.at
             ELSE r.published_at END,
-        deadline_at = CASE WHEN r.state = :started THEN r.deadline_at ELSE v.deadline END,
+        deadline_at = CASE WHEN r.state = %(started)s THEN r.deadline_at ELSE v.deadline END,
         worker = v.worker,
         process = v.process
     FROM unnest(
-        CAST(:ids AS text[]), CAST(:ats AS timestamptz[]), CAST(:workers AS text[]),
-        CAST(:processes AS text[]), CAST(:deadlines AS timestamptz[])
+        CAST(%(ids)s AS text[]), CAST(%(ats)s AS timestamptz[]), CAST(%(workers)s AS text[]),
+        CAST(%(processes)s AS text[]), CAST(%(deadlines)s AS timestamptz[])
     ) AS v(id, at, worker, process, deadline)
-    WHERE r.id = v.id AND r.state IN (:queued, :published, :started)
-    """
-)
+    WHERE r.id = v.id AND r.state IN (%(queued)s, %(published)s, %(started)s)
+"""
+
+#: The batch's runs, locked in id order, so two batches (or a batch and the reaper) cannot
+#: deadlock on them.
+_PG_RUNS = """
+    SELECT id, schedule, started_at, state, error FROM boundedbeat_runs
+    WHERE id = ANY(CAST(%(ids)s AS text[])) ORDER BY id FOR UPDATE
+"""
 
 #: Every outcome of the batch in one statement (the rows are locked by this transaction).
-_PG_FINISH = text(
-    """
+_PG_FINISH = """
     UPDATE boundedbeat_runs AS r SET
         state = v.state, finished_at = v.at, elapsed_ms = v.elapsed, error = v.error,
         published_at = CASE WHEN r.published_at > v.at THEN v.at ELSE r.published_at END
     FROM unnest(
-        CAST(:ids AS text[]), CAST(:states AS text[]), CAST(:ats AS timestamptz[]),
-        CAST(:elapsed AS bigint[]), CAST(:errors AS text[])
+        CAST(%(ids)s AS text[]), CAST(%(states)s AS text[]), CAST(%(ats)s AS timestamptz[]),
+        CAST(%(elapsed)s AS bigint[]), CAST(%(errors)s AS text[])
     ) AS v(id, state, at, elapsed, error)
     WHERE r.id = v.id
-    """
-)
+"""
 
-_PG_UNQUEUE = text("DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(:ids AS text[]))")
+#: The settled runs' schedules, locked in name order (as every writer of them locks them).
+_LOCK_SCHEDULES = "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE"
+_PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS text[]))"
+_PG_NOTIFY = "SELECT pg_notify(%(c)s, %(p)s)"
+
+
+class _Run(NamedTuple):
+    id: str
+    schedule: str
+    started_at: datetime | None
+    state: str
+    error: str | None
+
 
 _ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
 
@@ -116,12 +132,7 @@ def write_reports(
         if beat is not None:
             store.heartbeat_in(s, beat.process, beat.hostname, beat.pid, beat.at)
         if store.is_postgres:
-            _start_many(s, starts)
-            settled = _finish_many(store, s, outcomes, rng)
-            done = {r.run_id for r in starts} | {x.run_id for x in settled if x is not None}
-            if done:  # a started or settled run has no queue row left (a worker may beat the mark)
-                s.execute(_PG_UNQUEUE, {"ids": sorted(done)})
-            return settled
+            return _write_pg(store, s, starts, outcomes, rng)
         # SQLite holds the write lock for the whole transaction: report by report is correct.
         for start in starts:
             store.start_in(
@@ -148,40 +159,80 @@ def _start_many(s: Session, starts: Sequence[StartReport]) -> None:
     for r in starts:
         first.setdefault(r.run_id, r)
         last[r.run_id] = r
-    s.execute(
-        _PG_START,
-        {
-            "ids": list(first),
-            "ats": [r.at for r in first.values()],
-            "workers": [last[i].worker for i in first],
-            "processes": [last[i].process for i in first],
-            "deadlines": [r.at + timedelta(seconds=r.limit) if r.limit else None for r in first.values()],
-            "queued": RunState.QUEUED.value,
-            "published": RunState.PUBLISHED.value,
-            "started": RunState.STARTED.value,
-        },
-    )
-
-
-def _finish_many(
-    store: Store, s: Session, outcomes: Sequence[OutcomeReport], rng: random.Random
-) -> list[Settled | None]:
-    """Settle the outcomes: the first terminal state of a run wins, as in ``Store.settle_run``."""
-    if not outcomes:
-        return []
-    ids = sorted({o.run_id for o in outcomes})
-    # Locked in id order, so two batches (or a batch and the reaper) cannot deadlock on them.
-    runs: dict[str, Any] = {
-        row.id: row
-        for row in s.execute(
-            select(RunRow.id, RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error)
-            .where(RunRow.id == any_(literal(ids, ARRAY(String()))))
-            .order_by(RunRow.id)
-            .with_for_update()
+    with driver_cursor(s) as cur:
+        cur.execute(
+            _PG_START,
+            {
+                "ids": list(first),
+                "ats": [r.at for r in first.values()],
+                "workers": [last[i].worker for i in first],
+                "processes": [last[i].process for i in first],
+                "deadlines": [r.at + timedelta(seconds=r.limit) if r.limit else None for r in first.values()],
+                "queued": RunState.QUEUED.value,
+                "published": RunState.PUBLISHED.value,
+                "started": RunState.STARTED.value,
+            },
         )
-    }
+
+
+def _write_pg(
+    store: Store,
+    s: Session,
+    starts: Sequence[StartReport],
+    outcomes: Sequence[OutcomeReport],
+    rng: random.Random,
+) -> list[Settled | None]:
+    """The batch in three round trips (pipelines) and a commit, whatever its size.
+
+    Each round trip is a wait the writer thread comes back from wanting the worker's GIL: a
+    statement each, eight of them, cost the tasks more than the statements cost PostgreSQL.
+    """
+    conn = driver_connection(s)
+    with pipeline(conn):
+        _start_many(s, starts)
+        runs = _lock_runs(s, outcomes)
+    settled, finished, repeats = _decide(store, s, outcomes, runs)
+    held = None
+    if finished:
+        names = sorted({x.schedule for x in settled if x is not None})
+        with pipeline(conn):
+            _write_finished(s, finished)
+            held = hold_pg(
+                s, "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE", {"names": names}
+            )
+        _count_on_schedules(store, s, held, [x for x in settled if x is not None], finished, rng)
+    for o in repeats:  # a second report of a run this batch settled: as it would be after it
+        first, _ = finished[o.run_id]
+        if first.state.value in _DECIDED_WITHOUT_THE_TASK and first.state != o.state:
+            store.note_late_outcome(s, o.run_id, first.state.value, first.error, o.state, o.at, o.error)
+    done = {r.run_id for r in starts} | set(finished)
+    with pipeline(conn), driver_cursor(s) as cur:
+        if held is not None:
+            write_changed(s, held)
+            cur.execute(_PG_NOTIFY, {"c": SETTLED_CHANNEL, "p": min(held.rows, default="")})
+        if done:  # a started or settled run has no queue row left (a worker may beat the mark)
+            cur.execute(_PG_UNQUEUE, {"ids": sorted(done)})
+    return settled
+
+
+def _lock_runs(s: Session, outcomes: Sequence[OutcomeReport]) -> dict[str, _Run]:
+    if not outcomes:
+        return {}
+    with driver_cursor(s) as cur:
+        cur.execute(_PG_RUNS, {"ids": sorted({o.run_id for o in outcomes})})
+        return {row[0]: _Run(*row) for row in cur.fetchall()}
+
+
+_Finished = dict[str, tuple[OutcomeReport, int | None]]
+
+
+def _decide(
+    store: Store, s: Session, outcomes: Sequence[OutcomeReport], runs: dict[str, _Run]
+) -> tuple[list[Settled | None], _Finished, list[OutcomeReport]]:
+    """Which outcomes settle their run: the first terminal state of a run wins, as in
+    ``Store.settle_run``; also the repeats of a run this batch settles."""
     settled: list[Settled | None] = []
-    finished: dict[str, tuple[OutcomeReport, int | None]] = {}
+    finished: _Finished = {}
     repeats: list[OutcomeReport] = []
     for o in outcomes:
         run = runs.get(o.run_id)
@@ -198,46 +249,33 @@ def _finish_many(
         elapsed = elapsed_ms(run.started_at, o.at)
         finished[o.run_id] = (o, elapsed)
         settled.append(Settled(run_id=o.run_id, schedule=run.schedule, state=o.state, elapsed_ms=elapsed))
-    if finished:
-        _write_finished(s, finished)
-        _count_on_schedules(store, s, [x for x in settled if x is not None], finished, rng)
-    for o in repeats:  # a second report of a run this batch settled: as it would be after it
-        first, _ = finished[o.run_id]
-        if first.state.value in _DECIDED_WITHOUT_THE_TASK and first.state != o.state:
-            store.note_late_outcome(s, o.run_id, first.state.value, first.error, o.state, o.at, o.error)
-    return settled
+    return settled, finished, repeats
 
 
-def _write_finished(s: Session, finished: dict[str, tuple[OutcomeReport, int | None]]) -> None:
+def _write_finished(s: Session, finished: _Finished) -> None:
     items = list(finished.values())
-    s.execute(
-        _PG_FINISH,
-        {
-            "ids": [o.run_id for o, _ in items],
-            "states": [o.state.value for o, _ in items],
-            "ats": [o.at for o, _ in items],
-            "elapsed": [elapsed for _, elapsed in items],
-            "errors": [o.error for o, _ in items],
-        },
-    )
+    with driver_cursor(s) as cur:
+        cur.execute(
+            _PG_FINISH,
+            {
+                "ids": [o.run_id for o, _ in items],
+                "states": [o.state.value for o, _ in items],
+                "ats": [o.at for o, _ in items],
+                "elapsed": [elapsed for _, elapsed in items],
+                "errors": [o.error for o, _ in items],
+            },
+        )
 
 
 def _count_on_schedules(
     store: Store,
     s: Session,
+    rows: HeldRows,
     settled: Sequence[Settled],
-    finished: dict[str, tuple[OutcomeReport, int | None]],
+    finished: _Finished,
     rng: random.Random,
 ) -> None:
-    """Free each settled run's slot on its schedule, in report order, one lock per schedule."""
-    names = sorted({x.schedule for x in settled})
-    rows = hold(
-        s,
-        light_select()
-        .where(SCHEDULES.c.name == any_(literal(names, ARRAY(String()))))
-        .order_by(SCHEDULES.c.name)
-        .with_for_update(),
-    )
+    """Free each settled run's slot on its schedule (held, locked), in report order."""
     for x in settled:
         row = rows.get(x.schedule)
         if row is None:
@@ -254,5 +292,3 @@ def _count_on_schedules(
             run_id=x.run_id,
             error=report.error,
         )
-    write_changed(s, rows)
-    s.execute(text("SELECT pg_notify(:c, :p)"), {"c": SETTLED_CHANNEL, "p": names[0]})
