@@ -29,7 +29,7 @@ from sqlalchemy import JSON, Table, delete, exists, func, insert, select
 from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, UnknownScheduleError
-from .held import DEFINITION, SCHEDULES, HeldRows, hold, light_select, write_changed
+from .held import DEFINITION, SCHEDULES, HeldRows, hold, hold_pg, light_select, write_changed
 from .policy import Definition, Policy
 from .rows import COLUMNS, CONFIG, RUNTIME, apply_state, state_of, write_definition, write_state
 from .rows import fresh_values as row_values
@@ -234,7 +234,10 @@ def runtime_row(s: Session, name: str, *, leave_out: frozenset[str] = DEFINITION
 
     Held as plain values (:mod:`~.held`): ``write_changed`` sends back what the caller set.
     """
-    held = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == name).with_for_update())
+    if s.get_bind().dialect.name == "postgresql":
+        held = hold_pg(s, "name = %(name)s FOR UPDATE", {"name": name}, leave_out=leave_out)
+    else:
+        held = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == name).with_for_update())
     row = held.get(name)
     if row is None:
         raise UnknownScheduleError(name)

@@ -83,20 +83,20 @@ def hold(s: Session, query: Select[Any]) -> HeldRows:
     return _held(s, fields, result.all())
 
 
-def hold_pg(s: Session, where: str, params: Mapping[str, Any]) -> HeldRows:
+def hold_pg(
+    s: Session, where: str, params: Mapping[str, Any], *, leave_out: frozenset[str] = DEFINITION
+) -> HeldRows:
     """:func:`hold` of ``SELECT <light columns> ... WHERE <where>`` sent to psycopg directly.
 
     A worker's batch of outcomes spent more CPU in the ORM's statement building and result
     processing than in the settle itself; this path has neither. ``where`` is SQL with
     ``%(name)s`` placeholders (never values) and may end in ``ORDER BY`` / ``FOR UPDATE``.
     """
-    fields = _light_columns()
+    fields, listed, at = _columns_but(leave_out)
     with driver_cursor(s) as cur:
-        columns = ", ".join(f'"{f}"' for f in fields)
-        cur.execute(f"SELECT {columns} FROM {SCHEDULES.name} WHERE {where}", params)
+        cur.execute(f"SELECT {listed} FROM {SCHEDULES.name} WHERE {where}", params)
         rows = cur.fetchall()
-    if _UTC_COLUMNS:
-        at = [i for i, f in enumerate(fields) if f in _UTC_COLUMNS]
+    if at:
         rows = [_utc_row(row, at) for row in rows]
     return _held(s, fields, rows)
 
@@ -111,8 +111,11 @@ def _utc_row(row: tuple[Any, ...], at: list[int]) -> tuple[Any, ...]:
 
 
 @cache
-def _light_columns() -> list[str]:
-    return [c.name for c in SCHEDULES.c if c.name not in DEFINITION]
+def _columns_but(leave_out: frozenset[str]) -> tuple[list[str], str, list[int]]:
+    """The columns selected, as SQL, and the positions of the ``UTCDateTime`` ones among them."""
+    fields = [c.name for c in SCHEDULES.c if c.name not in leave_out]
+    listed = ", ".join(f'"{f}"' for f in fields)
+    return fields, listed, [i for i, f in enumerate(fields) if f in _UTC_COLUMNS]
 
 
 def driver_connection(s: Session) -> Any:
