@@ -21,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from celery import Celery
 
+from .claims import Claimed
 from .publish import CLAIM_EXPIRED, Publisher
 from .redact import mask_url
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
-from .store import Claimed, Settled, Store, utcnow
+from .store import Settled, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 

@@ -32,11 +32,12 @@ from typing import Any, cast
 from sqlalchemy import Table, and_, func, insert, text
 from sqlalchemy.orm import Session
 
+from .claims import Claimed
 from .held import SCHEDULES, hold, light_select, write_changed
 from .policy import EntrySpec
 from .rows import state_of
 from .schema import QueueRow, RunRow
-from .store import Claimed, Store, TickResult, record_outcome
+from .store import Store, TickResult, record_outcome
 from .ticks import ScheduleState, TickOutcome, on_due
 
 #: A due row's schedule (an ORM row or a :class:`~.held.Held` one).

@@ -26,8 +26,8 @@ from celery import Celery, signals
 from celery.utils.nodenames import anon_nodename
 from kombu.messaging import Producer
 
+from .claims import Claimed
 from .frames import Framer
-from .store import Claimed
 
 # The publish path logs under the dispatcher's logger: one name to configure for both halves.
 logger = logging.getLogger("celery_boundedbeat.dispatch")

@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "migrate",
             "rows",
             "held",
+            "claims",
             "catalog",
             "alertlog",
             "retention",

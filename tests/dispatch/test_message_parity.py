@@ -20,10 +20,10 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
+from celery_boundedbeat.claims import Claimed
 from celery_boundedbeat.messages import message_options
 from celery_boundedbeat.policy import Policy
 from celery_boundedbeat.publish import Publisher
-from celery_boundedbeat.store import Claimed
 
 pytestmark = [
     pytest.mark.rabbitmq,
