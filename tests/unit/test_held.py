@@ -1,0 +1,113 @@
+"""Held schedule rows written back by column read back exactly as the ORM writes them.
+
+On PostgreSQL ``write_changed`` sends one ``UPDATE ... FROM unnest(...)`` straight to psycopg
+(JSON as text cast per row, datetimes as UTC) and ``hold_pg`` reads rows the same way; both
+must agree with the ORM to the SQL value: JSON ``null`` stays JSON ``null``, not SQL ``NULL``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from celery_boundedbeat.engine import dispose_all, get_engine
+from celery_boundedbeat.entries import parse_entry
+from celery_boundedbeat.held import SCHEDULES, hold, hold_pg, light_select, write_changed
+from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.schema import ScheduleRow
+from celery_boundedbeat.store import Store
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+#: One value of every kind of column a held row writes back.
+CHANGES: dict[str, Any] = {
+    "timing": None,
+    "pending": ["2030-01-01T00:00:05+00:00", "2030-01-01T00:00:10+00:00"],
+    "policy": {"mode": "fixed_rate", "missed_ticks": "skip", "note": 'a,b"}'},
+    "grid_at": datetime(2030, 1, 1, 2, 0, 5, tzinfo=timezone(timedelta(hours=2))),
+    "failing_since": None,
+    "period": 2.5,
+    "paused": True,
+    "runs": 7,
+    "pause_reason": "paused: it said so",
+    "stop_reason": None,
+}
+READ_BACK = (
+    "SELECT timing IS NULL, CAST(timing AS text), CAST(pending AS text), CAST(policy AS text), "
+    "grid_at, failing_since IS NULL, period, paused, runs, pause_reason, stop_reason "
+    "FROM boundedbeat_schedules WHERE name = :name"
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    url = str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
+    engine = get_engine(url)
+    upgrade(engine)
+    try:
+        store = Store(engine)
+        specs = []
+        for name in ("by-orm", "by-held"):
+            spec, problems = parse_entry(name, {"task": "proj.t", "schedule": 10}, {})
+            assert spec is not None, problems
+            specs.append(spec)
+        store.sync_config(specs, T0, random.Random(1))
+        yield store
+    finally:
+        dispose_all()
+
+
+def read_back(engine: Engine, name: str) -> tuple[Any, ...]:
+    with engine.connect() as conn:
+        row = conn.execute(text(READ_BACK), {"name": name}).one()
+    values = list(row)
+    if isinstance(values[4], str):  # SQLite keeps naive UTC text
+        values[4] = datetime.fromisoformat(values[4]).replace(tzinfo=UTC)
+    values[4] = values[4].astimezone(UTC) if values[4].tzinfo else values[4].replace(tzinfo=UTC)
+    return tuple(values)
+
+
+def test_a_held_row_written_back_reads_back_as_the_same_row_written_by_the_orm(store: Store) -> None:
+    """Every changed column of a held row lands as the ORM would have written it."""
+    with store.session() as s:
+        row = s.get(ScheduleRow, "by-orm")
+        assert row is not None
+        for column, value in CHANGES.items():
+            setattr(row, column, value)
+    with store.session() as s:
+        query = light_select(leave_out=frozenset()).where(SCHEDULES.c.name == "by-held").with_for_update()
+        held = hold(s, query)
+        target = held.get("by-held")
+        assert target is not None
+        for column, value in CHANGES.items():
+            setattr(target, column, value)
+        write_changed(s, held)
+    assert read_back(store.engine, "by-held") == read_back(store.engine, "by-orm")
+    assert read_back(store.engine, "by-orm")[0] is False, "JSON null, not SQL NULL"
+
+
+@pytest.mark.postgres
+def test_rows_held_through_psycopg_equal_rows_held_through_the_orm(postgres_url: str) -> None:
+    """``hold_pg`` gives the same values as ``hold``, every datetime aware UTC."""
+    engine = get_engine(postgres_url)
+    upgrade(engine)
+    try:
+        store = Store(engine)
+        spec, problems = parse_entry("s", {"task": "proj.t", "schedule": 10}, {})
+        assert spec is not None, problems
+        store.sync_config([spec], T0, random.Random(1))
+        with store.session() as s:
+            s.execute(text("SET LOCAL TIME ZONE 'Asia/Kolkata'"))  # psycopg then returns +05:30
+            for leave_out in (frozenset(), frozenset({"task", "args", "kwargs", "options", "timing"})):
+                orm = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == "s"))
+                raw = hold_pg(s, "name = %(name)s", {"name": "s"}, leave_out=leave_out)
+                assert raw.loaded == orm.loaded
+                for value in raw.loaded["s"].values():
+                    if isinstance(value, datetime):
+                        assert value.tzinfo == UTC
+    finally:
+        dispose_all()
