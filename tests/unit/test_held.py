@@ -56,6 +56,11 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             assert spec is not None, problems
             specs.append(spec)
         store.sync_config(specs, T0, random.Random(1))
+        with store.session() as s:  # a JSON value to replace by None
+            for name in ("by-orm", "by-held"):
+                row = s.get(ScheduleRow, name)
+                assert row is not None
+                row.timing = {"kind": "interval", "every": 10.0}
         yield store
     finally:
         dispose_all()
@@ -87,7 +92,7 @@ def test_a_held_row_written_back_reads_back_as_the_same_row_written_by_the_orm(s
             setattr(target, column, value)
         write_changed(s, held)
     assert read_back(store.engine, "by-held") == read_back(store.engine, "by-orm")
-    assert read_back(store.engine, "by-orm")[0] is False, "JSON null, not SQL NULL"
+    assert not read_back(store.engine, "by-orm")[0], "JSON null, not SQL NULL"
 
 
 @pytest.mark.postgres
