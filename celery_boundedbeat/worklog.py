@@ -104,7 +104,6 @@ _PG_FINISH = """
 #: The settled runs' schedules, locked in name order (as every writer of them locks them).
 _LOCK_SCHEDULES = "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE"
 _PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS text[]))"
-_PG_NOTIFY = "SELECT pg_notify(%(c)s, %(p)s)"
 
 
 class _Run(NamedTuple):
@@ -197,9 +196,7 @@ def _write_pg(
         names = sorted({x.schedule for x in settled if x is not None})
         with pipeline(conn):
             _write_finished(s, finished)
-            held = hold_pg(
-                s, "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE", {"names": names}
-            )
+            held = hold_pg(s, _LOCK_SCHEDULES, {"names": names})
         _count_on_schedules(store, s, held, [x for x in settled if x is not None], finished, rng)
     for o in repeats:  # a second report of a run this batch settled: as it would be after it
         first, _ = finished[o.run_id]
@@ -209,7 +206,7 @@ def _write_pg(
     with pipeline(conn), driver_cursor(s) as cur:
         if held is not None:
             write_changed(s, held)
-            cur.execute(_PG_NOTIFY, {"c": SETTLED_CHANNEL, "p": min(held.rows, default="")})
+            store._notify(s, SETTLED_CHANNEL, min(held.rows, default=""))
         if done:  # a started or settled run has no queue row left (a worker may beat the mark)
             cur.execute(_PG_UNQUEUE, {"ids": sorted(done)})
     return settled
