@@ -75,12 +75,30 @@ def _wait_until_quiet(log: Path, *, seconds: float, timeout: float) -> None:
     pytest.fail(f"the worker kept executing for {timeout:g} s after the dispatcher froze")
 
 
+def _ids(log: Path) -> set[str]:
+    return set(log.read_text().split()) if log.exists() else set()
+
+
+def _sent_all_started(engine: Engine, sent: Path, executions: Path) -> bool:
+    """Whether every message the frozen dispatcher reported sent has run and its start is
+    recorded (a recorded start takes the row out of the queue, so no dispatcher re-sends it)."""
+    executed = _ids(executions)
+    if not _ids(sent) <= executed:
+        return False
+    with engine.connect() as conn:
+        started = set(
+            conn.execute(text("SELECT id FROM boundedbeat_runs WHERE started_at IS NOT NULL")).scalars()
+        )
+    return executed <= started
+
+
 @pytest.mark.timeout(180)
 def test_a_dispatcher_resumed_after_its_claim_expired_publishes_nothing_twice(
     tmp_path: Path, pg_url: str, pg_engine: Engine, queue_name: str
 ) -> None:
     """SIGSTOP mid-batch past the claim, a second dispatcher drains, SIGCONT: every run executes once."""
     executions = tmp_path / "executions.log"
+    sent = tmp_path / "sent.log"
     extra = f"""
 import os as _os, time as _time
 from celery.signals import after_task_publish
@@ -88,7 +106,9 @@ app.conf.boundedbeat_dispatch_claim_timeout = 3
 app.conf.boundedbeat_dispatch_batch_size = 200
 if _os.environ.get("BB_SLOW_PUBLISH"):
     @after_task_publish.connect(weak=False)
-    def _slow(**_):
+    def _slow(headers=None, **_):
+        with open({str(sent)!r}, "a") as f:
+            f.write(headers["id"] + "\\n")
         _time.sleep(float(_os.environ["BB_SLOW_PUBLISH"]))
 
 @app.task(name="fence.record", bind=True)
@@ -125,8 +145,11 @@ def record(self):
         os.killpg(first.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         # The documented bound: a message sent before the freeze and not yet started by a worker
-        # when the claim ends may be sent again. Let the worker take what the first dispatcher
-        # sent (a loaded machine can lag seconds), so what is tested is the fence itself.
+        # when the claim ends may be sent again. Let the worker start everything the first
+        # dispatcher sent (a loaded machine can lag seconds), so what is tested is the fence.
+        _wait(
+            lambda: _sent_all_started(pg_engine, sent, executions), 60, "the sent runs to start", logs
+        )
         _wait_until_quiet(executions, seconds=1.5, timeout=30)
         time.sleep(max(0.0, frozen_at + 4.5 - time.monotonic()))  # past the 3 s claim
         second = _start_dispatcher(tmp_path, "fenceapp", "d2.log")
