@@ -147,9 +147,7 @@ def record(self):
         # The documented bound: a message sent before the freeze and not yet started by a worker
         # when the claim ends may be sent again. Let the worker start everything the first
         # dispatcher sent (a loaded machine can lag seconds), so what is tested is the fence.
-        _wait(
-            lambda: _sent_all_started(pg_engine, sent, executions), 60, "the sent runs to start", logs
-        )
+        _wait(lambda: _sent_all_started(pg_engine, sent, executions), 60, "the sent runs to start", logs)
         _wait_until_quiet(executions, seconds=1.5, timeout=30)
         time.sleep(max(0.0, frozen_at + 4.5 - time.monotonic()))  # past the 3 s claim
         second = _start_dispatcher(tmp_path, "fenceapp", "d2.log")
