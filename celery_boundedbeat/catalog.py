@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -29,7 +30,17 @@ from sqlalchemy import JSON, Table, delete, exists, func, insert, select
 from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, UnknownScheduleError
-from .held import DEFINITION, SCHEDULES, HeldRows, hold, hold_pg, light_select, write_changed
+from .held import (
+    DEFINITION,
+    SCHEDULES,
+    HeldRows,
+    hold,
+    hold_driver,
+    hold_pg,
+    light_select,
+    write_changed,
+    write_changed_driver,
+)
 from .policy import Definition, Policy
 from .rows import COLUMNS, CONFIG, RUNTIME, apply_state, state_of, write_definition, write_state
 from .rows import fresh_values as row_values
@@ -211,6 +222,60 @@ def insert_runtime(s: Session, d: Definition, now: datetime, rng: random.Random,
     return s.execute(_insert_if_new(dialect), values).first() is not None
 
 
+def add_runtime_pg(conn: Any, d: Definition, now: datetime, rng: random.Random, channel: str) -> bool:
+    """The common add on PostgreSQL in one statement: insert and notify, if the name is new.
+
+    Sent to psycopg (``conn``) directly: the ORM's probe, insert and notify cost more CPU
+    than the database's work. It only adds a name that is free and has no runs yet (a new
+    grid must not repeat an old run's time); False means "not decided here", and the caller
+    goes the general way of :func:`insert_runtime`.
+    """
+    values = fresh_values(d, now, rng, origin=RUNTIME, last_run_at=None)
+    params = {c: json.dumps(values[c]) if c in JSON_COLUMNS else values[c] for c in COLUMNS}
+    params["channel"] = channel
+    with conn.cursor() as cur:
+        cur.execute(_pg_add(), params)
+        return cur.fetchone() is not None
+
+
+@cache
+def _pg_add() -> str:
+    """``INSERT ... SELECT`` of one row with every value cast to its column's base type.
+
+    The casts leave out lengths (``text``, not ``varchar(200)``): a cast would cut a long
+    value silently, where the assignment to the column refuses it.
+    """
+    from sqlalchemy.dialects import postgresql
+
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    columns = ", ".join(f'"{c}"' for c in COLUMNS)
+    casts = ", ".join(
+        f"CAST(%({c})s AS {re.sub(r'[(][0-9]+[)]', '', TABLE.c[c].type.compile(dialect=dialect))})"
+        for c in COLUMNS
+    )
+    runs = cast(Table, RunRow.__table__).name
+    return (
+        f"WITH added AS (INSERT INTO {TABLE.name} ({columns}) SELECT {casts} "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE schedule = %(name)s) "
+        "ON CONFLICT DO NOTHING RETURNING name) "
+        "SELECT pg_notify(%(channel)s, name) FROM added"
+    )
+
+
+def remove_runtime_pg(conn: Any, name: str, channel: str) -> bool:
+    """Delete runtime schedule ``name`` and notify, in one statement; False: nothing deleted
+    (an unknown name or a config schedule, which the caller tells apart and reports)."""
+    with conn.cursor() as cur:
+        cur.execute(_PG_REMOVE, {"name": name, "origin": RUNTIME, "channel": channel})
+        return cur.fetchone() is not None
+
+
+_PG_REMOVE = (
+    f"WITH gone AS (DELETE FROM {TABLE.name} WHERE name = %(name)s AND origin = %(origin)s "
+    "RETURNING name) SELECT pg_notify(%(channel)s, name) FROM gone"
+)
+
+
 def _probe(name: str) -> Any:
     return select(
         exists().where(ScheduleRow.name == name),
@@ -235,9 +300,16 @@ def runtime_row(s: Session, name: str, *, leave_out: frozenset[str] = DEFINITION
     Held as plain values (:mod:`~.held`): ``write_changed`` sends back what the caller set.
     """
     if s.get_bind().dialect.name == "postgresql":
-        held = hold_pg(s, "name = %(name)s FOR UPDATE", {"name": name}, leave_out=leave_out)
+        held = hold_pg(s, _LOCK_ONE, {"name": name}, leave_out=leave_out)
     else:
         held = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == name).with_for_update())
+    return _runtime(held, name)
+
+
+_LOCK_ONE = "name = %(name)s FOR UPDATE"
+
+
+def _runtime(held: HeldRows, name: str) -> HeldRows:
     row = held.get(name)
     if row is None:
         raise UnknownScheduleError(name)
@@ -257,6 +329,50 @@ def update_runtime(
     the change is emitted for it); a later end revives an ended schedule.
     """
     held = runtime_row(s, name, leave_out=frozenset())
+    if not _revised(held, name, revise, now, rng, last_run_at(s, name)):
+        return False
+    write_changed(s, held)
+    return True
+
+
+def update_runtime_pg(
+    conn: Any,
+    name: str,
+    revise: Callable[[ScheduleRow], Definition],
+    now: datetime,
+    rng: random.Random,
+    channel: str,
+) -> bool:
+    """:func:`update_runtime` and its notification on a psycopg connection (PostgreSQL).
+
+    The ORM's session and statements cost more CPU than the change itself. (psycopg's
+    pipeline mode saved no time here and cost CPU, so the statements go one by one.)
+    """
+    held = hold_driver(conn, _LOCK_ONE, {"name": name}, leave_out=frozenset())
+    with conn.cursor() as cur:
+        # After the lock: a prepared tick holding the row commits its run before we get here.
+        cur.execute(_PG_NEWEST, {"name": name})
+        (newest,) = cur.fetchone()
+    if not _revised(_runtime(held, name), name, revise, now, rng, newest and newest.astimezone(UTC)):
+        return False
+    with conn.cursor() as cur:
+        write_changed_driver(conn, held)
+        cur.execute("SELECT pg_notify(%(c)s, %(p)s)", {"c": channel, "p": name})
+    return True
+
+
+_PG_NEWEST = f"SELECT max(scheduled_for) FROM {cast(Table, RunRow.__table__).name} WHERE schedule = %(name)s"
+
+
+def _revised(
+    held: HeldRows,
+    name: str,
+    revise: Callable[[ScheduleRow], Definition],
+    now: datetime,
+    rng: random.Random,
+    newest: datetime | None,
+) -> bool:
+    """Set the held row to ``revise``'s definition and its new state; False if nothing changed."""
     row: Any = held.get(name)
     d = revise(row)
     if d.digest == row.config_hash and d.timing == row.timing:
@@ -269,11 +385,10 @@ def update_runtime(
         old_mode=Policy.from_json(row.policy).mode,
         now=now,
         rng=rng,
-        last_run_at=last_run_at(s, name),
+        last_run_at=newest,
         old_timezone=stored_zone(row),
     )
     apply_state(row, new, now)
     write_definition(row, d.spec, d.digest, d.timing, origin=RUNTIME)
     row.version = (row.version or 0) + 1
-    write_changed(s, held)
     return True

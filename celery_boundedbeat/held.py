@@ -92,13 +92,28 @@ def hold_pg(
     processing than in the settle itself; this path has neither. ``where`` is SQL with
     ``%(name)s`` placeholders (never values) and may end in ``ORDER BY`` / ``FOR UPDATE``.
     """
+    return hold_driver(driver_connection(s), where, params, session=s, leave_out=leave_out)
+
+
+def hold_driver(
+    conn: Any,
+    where: str,
+    params: Mapping[str, Any],
+    *,
+    session: Session | None = None,
+    leave_out: frozenset[str] = DEFINITION,
+) -> HeldRows:
+    """:func:`hold_pg` on a psycopg connection; without ``session`` nothing may be left out
+    (the columns left out are fetched through the session when first read)."""
+    if session is None and leave_out:
+        raise ValueError("hold_driver without a session holds whole rows (leave_out=frozenset())")
     fields, listed, at = _columns_but(leave_out)
-    with driver_cursor(s) as cur:
+    with conn.cursor() as cur:
         cur.execute(f"SELECT {listed} FROM {SCHEDULES.name} WHERE {where}", params)
         rows = cur.fetchall()
     if at:
         rows = [_utc_row(row, at) for row in rows]
-    return _held(s, fields, rows)
+    return _held(session, fields, rows)
 
 
 def _utc_row(row: tuple[Any, ...], at: list[int]) -> tuple[Any, ...]:
@@ -136,14 +151,14 @@ def pipeline(conn: Any) -> AbstractContextManager[Any]:
     return conn.pipeline() if Pipeline.is_supported() else nullcontext()
 
 
-def _held(s: Session, fields: list[str], raws: Any) -> HeldRows:
+def _held(s: Session | None, fields: list[str], raws: Any) -> HeldRows:
     missing = _ALL_COLUMNS - set(fields)
     held = HeldRows()
     for raw in raws:
         values = dict(zip(fields, raw, strict=True))
         name = values["name"]
         held.loaded[name] = values
-        held.rows[name] = Held(values, _fetcher(s, name, missing))
+        held.rows[name] = Held(values, None if s is None else _fetcher(s, name, missing))
     return held
 
 
@@ -160,6 +175,21 @@ def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Map
 
 def write_changed(s: Session, held: HeldRows) -> None:
     """Write back the columns each held row changed (compared with what was loaded)."""
+    groups = _changes(held)
+    if s.get_bind().dialect.name == "postgresql":
+        write_changed_driver(driver_connection(s), groups)
+        return
+    for columns, rows in groups.items():
+        s.connection().execute(
+            update(SCHEDULES)
+            .where(SCHEDULES.c.name == bindparam("b_name"))
+            .values({c: bindparam(f"b_{c}") for c in columns}),
+            rows,
+        )
+
+
+def _changes(held: HeldRows) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """The held rows' changed values, grouped by the set of columns each row changed."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for name, row in held.rows.items():
         before = held.loaded[name]
@@ -167,18 +197,15 @@ def write_changed(s: Session, held: HeldRows) -> None:
         if changed:
             params = {"b_name": name, **{f"b_{c}": getattr(row, c) for c in changed}}
             groups.setdefault(changed, []).append(params)
-    postgres = s.get_bind().dialect.name == "postgresql"
+    return groups
+
+
+def write_changed_driver(conn: Any, held: HeldRows | dict[tuple[str, ...], list[dict[str, Any]]]) -> None:
+    """:func:`write_changed` on a psycopg connection: one ``UPDATE`` per set of changed columns."""
+    groups = _changes(held) if isinstance(held, HeldRows) else held
     for columns, rows in groups.items():
-        if postgres:
-            with driver_cursor(s) as cur:
-                cur.execute(_pg_update(columns), _pg_arrays(columns, rows))
-            continue
-        s.connection().execute(
-            update(SCHEDULES)
-            .where(SCHEDULES.c.name == bindparam("b_name"))
-            .values({c: bindparam(f"b_{c}") for c in columns}),
-            rows,
-        )
+        with conn.cursor() as cur:
+            cur.execute(_pg_update(columns), _pg_arrays(columns, rows))
 
 
 @cache

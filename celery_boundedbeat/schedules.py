@@ -46,8 +46,12 @@ class _Unset:
 UNSET: Final = _Unset()
 
 
+#: The settings a runtime API call reads (each one read costs microseconds in Celery's conf).
+_API_SETTINGS = ("database_url", "default_policy")
+
+
 def _context(app: Celery) -> tuple[Settings, Store]:
-    settings = Settings.from_conf(app.conf)
+    settings = Settings.from_conf(app.conf, only=_API_SETTINGS)
     return settings, Store(get_engine(settings.database_url))
 
 

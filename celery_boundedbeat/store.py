@@ -34,7 +34,17 @@ from sqlalchemy.orm import Session
 from .alertlog import note_settle, take
 from .alerts import Alert
 from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
-from .catalog import Reconciled, chunks, insert_runtime, reconcile_config, runtime_row, update_runtime
+from .catalog import (
+    Reconciled,
+    add_runtime_pg,
+    chunks,
+    insert_runtime,
+    reconcile_config,
+    remove_runtime_pg,
+    runtime_row,
+    update_runtime,
+    update_runtime_pg,
+)
 from .claims import Claimed, claim, mark, unclaimed
 from .enums import ACTIVE_STATES, MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
@@ -287,7 +297,14 @@ class Store:
             return reconcile_config(s, wanted, now, rng)
 
     def add_schedule(self, definition: Definition, now: datetime, rng: random.Random) -> bool:
-        """Add a runtime schedule; False (nothing changed) when the name exists already."""
+        """Add a runtime schedule; False (nothing changed) when the name exists already.
+
+        On PostgreSQL a new name without runs is one statement (:func:`~.catalog.add_runtime_pg`).
+        """
+        if self.is_postgres:
+            with self.engine.begin() as conn:
+                if add_runtime_pg(conn.connection.driver_connection, definition, now, rng, SCHEDULES_CHANNEL):
+                    return True
         with self.session() as s:
             added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
             if added:
@@ -298,6 +315,11 @@ class Store:
         self, name: str, revise: Callable[[ScheduleRow], Definition], now: datetime, rng: random.Random
     ) -> None:
         """Change a runtime schedule to ``revise(row)``'s definition (:func:`~.catalog.update_runtime`)."""
+        if self.is_postgres:
+            with self.engine.begin() as conn:
+                driver = conn.connection.driver_connection
+                update_runtime_pg(driver, name, revise, now, rng, SCHEDULES_CHANNEL)
+            return
         with self.session() as s:
             if update_runtime(s, name, revise, now, rng):
                 self._notify(s, SCHEDULES_CHANNEL, name)
@@ -307,7 +329,12 @@ class Store:
 
         With ``revoke_active`` its active runs settle ``revoked`` in the same transaction and
         their ids are returned, for the caller to revoke at the workers once this commits.
+        On PostgreSQL, without it, a runtime schedule's removal is one statement.
         """
+        if self.is_postgres and not revoke_active:
+            with self.engine.begin() as conn:
+                if remove_runtime_pg(conn.connection.driver_connection, name, SCHEDULES_CHANNEL):
+                    return []
         with self.session() as s:
             try:
                 runtime_row(s, name)

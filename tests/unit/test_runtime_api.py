@@ -664,3 +664,66 @@ def test_a_beat_never_runs_a_re_added_schedule_from_the_removed_ones_copy(app: C
     assert row(store, "x").version == 1
     again = resolve(row(store, "x"))
     assert again is not None and again.period == 20
+
+
+def test_a_name_added_again_at_the_instant_of_its_old_run_starts_after_that_run(
+    app: Celery, store: Store
+) -> None:
+    """The old run's grid time is never repeated: on PostgreSQL this is the add that cannot be
+    decided in one statement (the name has runs) and goes the general way."""
+    d = define("again", entry_of("proj.t", 10), app, {})
+    now = utcnow()
+    assert store.add_schedule(d, now, RNG)
+    emitted = tick(app, store, now)
+    assert [at for _, at in emitted] == [now]
+    assert remove_schedule(app, "again")
+    assert store.add_schedule(d, now, RNG), "re-adding a removed name said already present"
+    again = row(store, "again")
+    assert again.next_due_at is not None and again.next_due_at > now, again.next_due_at
+    assert store.add_schedule(d, now, RNG) is False
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_an_update_waiting_for_a_tick_holding_the_row_starts_its_grid_after_that_ticks_run(
+    app: Celery, store: Store
+) -> None:
+    """A prepared tick holds the row while its run is written; an update made meanwhile waits
+    for it and must see that run (read after the lock), or its new grid would repeat it."""
+    add_schedule(app, "held", "proj.t", 10)
+    later = utcnow() + sec(1)  # the tick's run is due after the update's ``now``
+    errors: list[BaseException] = []
+
+    def update() -> None:
+        try:
+            update_schedule(app, "held", schedule=3)
+        except BaseException as exc:  # re-raised in the test's thread
+            errors.append(exc)
+
+    with store.session() as s:
+        s.execute(select(ScheduleRow.name).where(ScheduleRow.name == "held").with_for_update())
+        s.add(
+            RunRow(
+                id="tick-run",
+                schedule="held",
+                task="proj.t",
+                state="queued",
+                scheduled_for=later,
+                enqueued_at=later,
+            )
+        )
+        s.flush()
+        worker = threading.Thread(target=update)
+        worker.start()
+        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        deadline = utcnow() + sec(10)
+        with store.engine.connect() as probe:
+            while not probe.execute(waiting).scalar() and utcnow() < deadline:
+                probe.rollback()
+        assert utcnow() < deadline, "the update never waited for the row lock"
+    worker.join(10)
+    assert not errors, errors
+    first = row(store, "held").next_due_at
+    assert first is not None and first > later, (
+        f"the new grid starts at {first}, not after the run at {later}"
+    )
