@@ -163,6 +163,14 @@ class Resolver:
         self._cache[row.name] = (key, spec)
         return spec
 
+    def needs_definition(self, row: Any) -> bool:
+        """Whether resolving ``row`` reads its stored definition (it is rebuilt from it)."""
+        cached = self._cache.get(row.name)
+        if cached is not None and cached[0] == (row.version, row.config_hash):
+            return False
+        own = self._config.get(row.name)
+        return not (own is not None and row.origin == "config" and row.config_hash == own.digest)
+
     def _build(self, row: Any) -> EntrySpec | None:
         own = self._config.get(row.name)
         if own is not None and row.origin == "config" and row.config_hash == own.digest:

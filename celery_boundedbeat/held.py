@@ -162,6 +162,33 @@ def _held(s: Session | None, fields: list[str], raws: Any) -> HeldRows:
     return held
 
 
+def prefetch_definitions(s: Session, held: HeldRows, resolve: Any) -> int:
+    """:func:`fill_definitions` of the rows ``resolve`` will rebuild (when it can say which:
+    the beat's :class:`~.definitions.Resolver`)."""
+    needs = getattr(resolve, "needs_definition", None)
+    return 0 if needs is None else fill_definitions(s, held, needs)
+
+
+def fill_definitions(s: Session, held: HeldRows, wanted: Callable[[Any], bool]) -> int:
+    """Load the left-out columns of the held rows ``wanted`` picks, in one query per chunk.
+
+    A row's definition is fetched on first read otherwise, one query each: when a thousand
+    runtime schedules changed in a second, a tick rebuilt hundreds of them, and those queries
+    were the beat's largest cost. Returns how many rows were filled.
+    """
+    names = [row.name for row in held if row.__dict__.get("_fetch") is not None and wanted(row)]
+    for start in range(0, len(names), 500):
+        part = names[start : start + 500]
+        columns = sorted(_ALL_COLUMNS - set(held.loaded[part[0]]))
+        query = select(SCHEDULES.c.name, *(SCHEDULES.c[c] for c in columns)).where(SCHEDULES.c.name.in_(part))
+        for found in s.execute(query):
+            row = held.rows[found[0]]
+            row.__dict__["_fetch"] = None
+            for column, value in zip(columns, found[1:], strict=True):
+                row.__dict__.setdefault(column, value)
+    return len(names)
+
+
 def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Mapping[str, Any]] | None:
     if not columns:
         return None

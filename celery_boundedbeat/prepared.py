@@ -33,7 +33,7 @@ from sqlalchemy import Table, and_, func, insert, text
 from sqlalchemy.orm import Session
 
 from .claims import Claimed
-from .held import SCHEDULES, hold, light_select, write_changed
+from .held import SCHEDULES, hold, light_select, prefetch_definitions, write_changed
 from .policy import EntrySpec
 from .rows import state_of
 from .schema import QueueRow, RunRow
@@ -162,6 +162,7 @@ def _prepare(
     )
     locked = _due_rows(due).where(free).order_by(SCHEDULES.c.next_due_at).limit(limit)
     held = hold(session, locked.with_for_update(skip_locked=True))
+    prefetch_definitions(session, held, resolve)
     for row in held:
         spec = resolve(row)
         if spec is None:

@@ -48,7 +48,7 @@ from .catalog import (
 from .claims import Claimed, claim, mark, unclaimed
 from .enums import ACTIVE_STATES, MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
-from .held import SCHEDULES, driver_cursor, hold, light_select, write_changed
+from .held import SCHEDULES, driver_cursor, hold, light_select, prefetch_definitions, write_changed
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
@@ -374,6 +374,7 @@ class Store:
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
             held = hold(s, _due(now, limit))
+            prefetch_definitions(s, held, resolve)
             for row in held:
                 spec = resolve(row)
                 if spec is None:

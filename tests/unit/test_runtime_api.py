@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from celery import Celery
 from celery.schedules import crontab, solar
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, event, func, select, text
 
 from celery_boundedbeat import (
     ConfigurationError,
@@ -727,3 +727,28 @@ def test_an_update_waiting_for_a_tick_holding_the_row_starts_its_grid_after_that
     assert first is not None and first > later, (
         f"the new grid starts at {first}, not after the run at {later}"
     )
+
+
+def test_a_tick_reads_the_definitions_of_the_schedules_it_rebuilds_in_one_query(
+    app: Celery, store: Store, engine: Engine
+) -> None:
+    """A tick rebuilding 50 changed schedules sends as many statements as one rebuilding 5:
+    the definitions come in one query, not one each (the beat's largest cost under changes)."""
+    statements: list[str] = []
+
+    def counted(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    counts = []
+    for batch, n in (("a", 5), ("b", 50)):
+        for i in range(n):
+            add_schedule(app, f"{batch}-{i}", "proj.t", 600)
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", counted)
+        try:
+            emitted = tick(app, store, utcnow())
+        finally:
+            event.remove(engine, "before_cursor_execute", counted)
+        assert len(emitted) == n, emitted
+        counts.append(len(statements))
+    assert counts[0] == counts[1], f"statements per tick: {counts} for 5 and 50 rebuilt schedules"
