@@ -11,7 +11,7 @@ set of changed columns (usually one for the whole tick).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from functools import cache
@@ -177,16 +177,33 @@ def fill_definitions(s: Session, held: HeldRows, wanted: Callable[[Any], bool]) 
     were the beat's largest cost. Returns how many rows were filled.
     """
     names = [row.name for row in held if row.__dict__.get("_fetch") is not None and wanted(row)]
+    postgres = s.get_bind().dialect.name == "postgresql"
     for start in range(0, len(names), 500):
         part = names[start : start + 500]
         columns = sorted(_ALL_COLUMNS - set(held.loaded[part[0]]))
-        query = select(SCHEDULES.c.name, *(SCHEDULES.c[c] for c in columns)).where(SCHEDULES.c.name.in_(part))
-        for found in s.execute(query):
+        found_rows: Sequence[Any]
+        if postgres:
+            found_rows = _definitions_pg(s, columns, part)
+        else:
+            query = select(SCHEDULES.c.name, *(SCHEDULES.c[c] for c in columns))
+            found_rows = s.execute(query.where(SCHEDULES.c.name.in_(part))).all()
+        for found in found_rows:
             row = held.rows[found[0]]
             row.__dict__["_fetch"] = None
             for column, value in zip(columns, found[1:], strict=True):
                 row.__dict__.setdefault(column, value)
     return len(names)
+
+
+def _definitions_pg(s: Session, columns: list[str], names: list[str]) -> list[tuple[Any, ...]]:
+    """``(name, *columns)`` of the rows ``names``, through psycopg (types as the ORM reads them)."""
+    listed = ", ".join(f'"{c}"' for c in columns)
+    at = [i + 1 for i, c in enumerate(columns) if c in _UTC_COLUMNS]
+    with driver_cursor(s) as cur:
+        where = "name = ANY(CAST(%(n)s AS text[]))"
+        cur.execute(f"SELECT name, {listed} FROM {SCHEDULES.name} WHERE {where}", {"n": names})
+        rows = cur.fetchall()
+    return [_utc_row(row, at) for row in rows] if at else rows
 
 
 def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Mapping[str, Any]] | None:

@@ -48,7 +48,15 @@ from .catalog import (
 from .claims import Claimed, claim, mark, unclaimed
 from .enums import ACTIVE_STATES, MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
-from .held import SCHEDULES, driver_cursor, hold, light_select, prefetch_definitions, write_changed
+from .held import (
+    SCHEDULES,
+    driver_cursor,
+    hold,
+    hold_pg,
+    light_select,
+    prefetch_definitions,
+    write_changed,
+)
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
@@ -203,6 +211,14 @@ def record_outcome(
         run_rows.append(run)
         queue_rows.append(queued)
         result.emitted.append(emitted)
+
+
+#: :func:`_due` and :meth:`Store._next_due` as PostgreSQL text (for psycopg directly).
+_PG_DUE = (
+    "next_due_at <= %(now)s AND paused IS false AND stopped IS false "
+    "ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
+_PG_NEXT_DUE = f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE paused IS false AND stopped IS false"
 
 
 def _due(now: datetime, limit: int) -> Any:
@@ -373,7 +389,10 @@ class Store:
         with self.session() as s:
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
-            held = hold(s, _due(now, limit))
+            if self.is_postgres:
+                held = hold_pg(s, _PG_DUE, {"now": now, "limit": limit})
+            else:
+                held = hold(s, _due(now, limit))
             prefetch_definitions(s, held, resolve)
             for row in held:
                 spec = resolve(row)
@@ -451,6 +470,11 @@ class Store:
         return dialect_insert(table).on_conflict_do_nothing(index_elements=["schedule", "scheduled_for"])
 
     def _next_due(self, s: Session) -> datetime | None:
+        if self.is_postgres:  # once per tick: the ORM's statement cost more than the lookup
+            with driver_cursor(s) as cur:
+                cur.execute(_PG_NEXT_DUE)
+                (found,) = cur.fetchone()
+            return None if found is None else found.astimezone(UTC)
         return s.scalar(
             select(func.min(ScheduleRow.next_due_at)).where(
                 ScheduleRow.paused.is_(False), ScheduleRow.stopped.is_(False)

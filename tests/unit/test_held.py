@@ -17,7 +17,15 @@ from sqlalchemy import Engine, text
 
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.held import SCHEDULES, hold, hold_pg, light_select, write_changed
+from celery_boundedbeat.held import (
+    DEFINITION,
+    SCHEDULES,
+    fill_definitions,
+    hold,
+    hold_pg,
+    light_select,
+    write_changed,
+)
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.schema import ScheduleRow
 from celery_boundedbeat.store import Store
@@ -116,3 +124,22 @@ def test_rows_held_through_psycopg_equal_rows_held_through_the_orm(postgres_url:
                         assert value.tzinfo == UTC
     finally:
         dispose_all()
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["filled-in-one-query", "fetched-on-first-read"])
+def test_definitions_filled_in_one_query_equal_those_fetched_on_first_read(store: Store, fill: bool) -> None:
+    """``fill_definitions`` gives a held row the same left-out columns as its lazy fetch does."""
+    with store.session() as s:
+        s.execute(
+            text("UPDATE boundedbeat_schedules SET args = :a WHERE name = 'by-held'"), {"a": '[1, "x"]'}
+        )
+        whole = hold(s, light_select(leave_out=frozenset()).where(SCHEDULES.c.name.in_(["by-held"]))).loaded
+        held = hold(s, light_select().where(SCHEDULES.c.name.in_(["by-orm", "by-held"])))
+        filled = fill_definitions(s, held, lambda row: row.name == "by-held") if fill else 0
+        assert filled == (1 if fill else 0)
+        row = held.get("by-held")
+        assert row is not None
+        values = {column: getattr(row, column) for column in DEFINITION}
+    assert values == {column: whole["by-held"][column] for column in DEFINITION}
+    assert values["args"] == [1, "x"] and values["created_at"].tzinfo == UTC
+    assert "_fetch" not in vars(row) or vars(row)["_fetch"] is None
