@@ -25,6 +25,8 @@ from .wallclock import CronFields, next_fire
 logger = logging.getLogger("celery_boundedbeat.beat")
 
 #: Keys a ``beat_schedule`` entry may carry (Celery's own, plus ``policy``).
+#: The longest task name the runs and queue tables keep.
+MAX_TASK_NAME = 255
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
 
 
@@ -150,6 +152,14 @@ def _json_problem(entry: str, key: str, value: Any) -> Problem | None:
     return None
 
 
+def _task_problems(name: str, task: Any) -> list[Problem]:
+    if not isinstance(task, str) or not task:
+        return [(name, "task", f"must be a task name string, got {task!r}")]
+    if len(task) > MAX_TASK_NAME:
+        return [(name, "task", f"must be at most {MAX_TASK_NAME} characters, got {len(task)}")]
+    return []
+
+
 def parse_entry(
     name: str, raw: Any, default_policy: Mapping[str, Any], *, tz: tzinfo | None = None
 ) -> tuple[EntrySpec | None, list[Problem]]:
@@ -160,8 +170,7 @@ def parse_entry(
     for key in sorted(set(raw) - ENTRY_KEYS):
         problems.append((name, key, f"unknown entry key (known: {', '.join(sorted(ENTRY_KEYS))})"))
     task = raw.get("task")
-    if not isinstance(task, str) or not task:
-        problems.append((name, "task", f"must be a task name string, got {task!r}"))
+    problems.extend(_task_problems(name, task))
     if "schedule" not in raw:
         problems.append((name, "schedule", "is required"))
         timing, kind, srepr, period = None, "interval", "", None

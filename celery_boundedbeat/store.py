@@ -29,6 +29,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from .alertlog import note_settle, take
@@ -297,6 +298,19 @@ class Store:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
+    @contextmanager
+    def _driver(self) -> Iterator[Any]:
+        """A psycopg connection in a transaction of its own (PostgreSQL), for the statements
+        the ORM made cost more than they do; the driver's errors come out as SQLAlchemy's
+        (``sqlalchemy.exc.OperationalError`` and so on), as from every other call."""
+        import psycopg
+
+        try:
+            with self.engine.begin() as conn:
+                yield conn.connection.driver_connection
+        except psycopg.Error as exc:
+            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+
     def _notify(self, session: Session, channel: str, payload: str = "") -> None:
         if self.is_postgres:
             with driver_cursor(session) as cur:  # the ORM's statement path cost more than the call
@@ -318,8 +332,8 @@ class Store:
         On PostgreSQL a new name without runs is one statement (:func:`~.catalog.add_runtime_pg`).
         """
         if self.is_postgres:
-            with self.engine.begin() as conn:
-                if add_runtime_pg(conn.connection.driver_connection, definition, now, rng, SCHEDULES_CHANNEL):
+            with self._driver() as driver:
+                if add_runtime_pg(driver, definition, now, rng, SCHEDULES_CHANNEL):
                     return True
         with self.session() as s:
             added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
@@ -332,8 +346,7 @@ class Store:
     ) -> None:
         """Change a runtime schedule to ``revise(row)``'s definition (:func:`~.catalog.update_runtime`)."""
         if self.is_postgres:
-            with self.engine.begin() as conn:
-                driver = conn.connection.driver_connection
+            with self._driver() as driver:
                 update_runtime_pg(driver, name, revise, now, rng, SCHEDULES_CHANNEL)
             return
         with self.session() as s:
@@ -348,8 +361,8 @@ class Store:
         On PostgreSQL, without it, a runtime schedule's removal is one statement.
         """
         if self.is_postgres and not revoke_active:
-            with self.engine.begin() as conn:
-                if remove_runtime_pg(conn.connection.driver_connection, name, SCHEDULES_CHANNEL):
+            with self._driver() as driver:
+                if remove_runtime_pg(driver, name, SCHEDULES_CHANNEL):
                     return []
         with self.session() as s:
             try:

@@ -20,6 +20,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, solar
 from sqlalchemy import Engine, event, func, select, text
+from sqlalchemy.exc import ProgrammingError
 
 from celery_boundedbeat import (
     ConfigurationError,
@@ -253,6 +254,7 @@ BAD = [
     pytest.param(dict(args=[object()]), id="args-not-json"),
     pytest.param(dict(kwargs=[1]), id="kwargs-not-a-dict"),
     pytest.param(dict(options={"expires": object()}), id="options-not-json"),
+    pytest.param(dict(task="t" * 256), id="task-name-too-long-for-its-column"),
     pytest.param(dict(schedule=0, policy={"mode": "sometimes", "max_runs": -1}), id="three-problems"),
 ]
 
@@ -752,3 +754,26 @@ def test_a_tick_reads_the_definitions_of_the_schedules_it_rebuilds_in_one_query(
         assert len(emitted) == n, emitted
         counts.append(len(statements))
     assert counts[0] == counts[1], f"statements per tick: {counts} for 5 and 50 rebuilt schedules"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_database_errors_of_the_direct_postgresql_path_are_sqlalchemy_errors(
+    app: Celery, store: Store
+) -> None:
+    """add, update and remove talk to psycopg directly on PostgreSQL; what the database refuses
+    still reaches the caller as ``sqlalchemy.exc.DBAPIError`` (here: the table is gone)."""
+    add_schedule(app, "x", "proj.t", 10)
+    with store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE boundedbeat_schedules RENAME TO boundedbeat_elsewhere"))
+    try:
+        for call in (
+            lambda: add_schedule(app, "y", "proj.t", 10),
+            lambda: update_schedule(app, "x", schedule=5),
+            lambda: remove_schedule(app, "x"),
+        ):
+            with pytest.raises(ProgrammingError, match="boundedbeat_schedules"):
+                call()
+    finally:
+        with store.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE boundedbeat_elsewhere RENAME TO boundedbeat_schedules"))
