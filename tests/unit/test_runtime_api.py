@@ -699,7 +699,7 @@ def test_an_update_waiting_for_a_tick_holding_the_row_starts_its_grid_after_that
     def update() -> None:
         try:
             update_schedule(app, "held", schedule=3)
-        except BaseException as exc:  # re-raised in the test's thread
+        except BaseException as exc:  # reported to the test's thread, asserted below
             errors.append(exc)
 
     with store.session() as s:
