@@ -24,9 +24,10 @@ from celery import Celery
 from .claims import Claimed
 from .publish import CLAIM_EXPIRED, Publisher
 from .redact import mask_url
+from .runlife import Settled
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
-from .store import Settled, Store, utcnow
+from .store import Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 

@@ -49,6 +49,7 @@ from .notify import Listener
 from .policy import Definition
 from .redact import driver_reason, mask_url, scrub
 from .retention import purge_pass
+from .runlife import SETTLED_CHANNEL
 from .runtime import (
     BackgroundLoop,
     Iteration,
@@ -59,7 +60,7 @@ from .runtime import (
 )
 from .settings import Settings
 from .signals import send as send_signals
-from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, SETTLED_CHANNEL, Store, TickResult, utcnow
+from .store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, Store, TickResult, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 

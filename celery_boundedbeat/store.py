@@ -1,6 +1,8 @@
 """Every SQL state change, one method per change, one transaction each.
 
-Transitions are guarded by ``WHERE state = <expected>`` and checked by row count, so a
+The ticks, the queue, schedule changes, leases and reads are here; a run's life at the
+worker (start, settle, heartbeats, the reaper) is :class:`~.runlife.RunLife`, which
+:class:`Store` is made of too. Transitions are guarded by ``WHERE state = <expected>`` and checked by row count, so a
 duplicate or late signal can never settle a run twice (SQLite ignores ``FOR UPDATE``;
 correctness comes from the guards and the unique ``(schedule, scheduled_for)`` key).
 """
@@ -20,19 +22,16 @@ from sqlalchemy import (
     Engine,
     Table,
     and_,
-    case,
     delete,
-    exists,
     func,
     insert,
-    or_,
     select,
     update,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from .alertlog import note_settle, take
+from .alertlog import take
 from .alerts import Alert
 from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
 from .catalog import (
@@ -47,7 +46,7 @@ from .catalog import (
     update_runtime_pg,
 )
 from .claims import Claimed, claim, mark, unclaimed
-from .enums import ACTIVE_STATES, MissedTicks, RunState
+from .enums import MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
 from .held import (
     SCHEDULES,
@@ -61,7 +60,8 @@ from .held import (
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
-from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow, WorkerRow
+from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms
+from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
     ScheduleState,
@@ -69,7 +69,6 @@ from .ticks import (
     TriggerRefused,
     on_due,
     on_resume,
-    on_settle,
     on_trigger,
     resume_refusal,
     set_aside_until,
@@ -79,7 +78,6 @@ logger = logging.getLogger("celery_boundedbeat")
 
 #: PostgreSQL NOTIFY channels: a run settled (payload: schedule name); a queue row was added;
 #: a schedule's definition was added, changed or removed (payload: its name).
-SETTLED_CHANNEL = "boundedbeat_settled"
 QUEUE_CHANNEL = "boundedbeat_queue"
 SCHEDULES_CHANNEL = "boundedbeat_schedules"
 
@@ -87,14 +85,6 @@ SCHEDULES_CHANNEL = "boundedbeat_schedules"
 REMOVED_WITH_REVOKE = "revoked: its schedule was removed (remove_schedule revoke_active)"
 #: The error of an active run revoked to make room for a newer tick (``missed_ticks: "replace"``).
 REPLACED = "revoked: replaced by the run of a newer tick (missed_ticks replace)"
-
-_ACTIVE = [s.value for s in ACTIVE_STATES]
-#: Terminal states the beat decides without hearing from the task (reaper, dispatcher).
-_DECIDED_WITHOUT_THE_TASK = frozenset(
-    {RunState.LOST.value, RunState.TIMED_OUT.value, RunState.REJECTED.value}
-)
-#: Marks a task outcome that arrived after the run was settled without it (see ``settle_run``).
-LATE_OUTCOME = "late outcome from the worker"
 
 
 def utcnow() -> datetime:
@@ -126,23 +116,6 @@ class TickResult:
     #: Runs this tick settled ``revoked`` for ``replace``: the beat asks the workers to
     #: terminate them once the tick has committed.
     revoked: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Settled:
-    """A run that this call settled (``None`` is returned when it was already settled)."""
-
-    run_id: str
-    schedule: str
-    state: RunState
-    elapsed_ms: int | None
-
-
-def elapsed_ms(started_at: datetime | None, finished_at: datetime) -> int | None:
-    """A settled run's ``elapsed_ms``: never negative (clocks of two hosts), None if it never started."""
-    if started_at is None:
-        return None
-    return max(int((finished_at - started_at).total_seconds() * 1000), 0)
 
 
 def emission_rows(
@@ -280,7 +253,7 @@ def _revoke_replaced(s: Session, victims: Sequence[Any], now: datetime) -> list[
     return revoked
 
 
-class Store:
+class Store(RunLife):
     """The state database. Stateless apart from the engine; safe to share between threads."""
 
     def __init__(self, engine: Engine, *, failing_threshold: int = 1) -> None:
@@ -666,335 +639,7 @@ class Store:
             s, run_id, RunState.REJECTED, now=now, error=error, rng=rng, expect=[RunState.QUEUED]
         )
 
-    # -- runs (worker side) -----------------------------------------------------------
-
-    def start_run(
-        self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
-    ) -> bool:
-        """queued/published → started (a retry or redelivery of a started run is a no-op)."""
-        with self.session() as s:
-            return self.start_in(
-                s, run_id, worker=worker, process=process, now=now, max_run_time=max_run_time
-            )
-
-    @staticmethod
-    def start_in(
-        s: Session, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
-    ) -> bool:
-        """``start_run`` inside the caller's transaction."""
-        deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
-        result = s.execute(
-            update(RunRow)
-            .where(RunRow.id == run_id, RunRow.state.in_([RunState.QUEUED.value, RunState.PUBLISHED.value]))
-            .values(
-                state=RunState.STARTED.value,
-                started_at=now,
-                # A worker holds the message, so it was published by ``now`` at the latest.
-                # The dispatcher may have marked it with a later clock reading (its mark
-                # committed first, or it read its clock after the worker did): published
-                # never follows started.
-                published_at=case(
-                    (or_(RunRow.published_at.is_(None), RunRow.published_at > now), now),
-                    else_=RunRow.published_at,
-                ),
-                worker=worker,
-                process=process,
-                deadline_at=deadline,
-            )
-        )
-        if result.rowcount:  # type: ignore[attr-defined]
-            s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-        else:
-            # Redelivered after a worker died: keep the run, point it at the new process.
-            s.execute(
-                update(RunRow)
-                .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value)
-                .values(worker=worker, process=process)
-            )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    def settle_run(
-        self,
-        run_id: str,
-        state: RunState,
-        *,
-        now: datetime,
-        error: str | None = None,
-        stop: bool = False,
-        rng: random.Random | None = None,
-        expect: Iterable[RunState] | None = None,
-        late: bool = False,
-    ) -> Settled | None:
-        """Move an active run to its one terminal state and free its slot exactly once.
-
-        The rule for duplicate, late and out-of-order reports: **the first terminal state to
-        reach the database wins**. Its ``state``, ``finished_at`` and ``elapsed_ms`` stay, it is
-        counted once (``runs`` or ``failures``) and frees its slot once; every later report of
-        the same run changes no state, no counter and no slot (returns ``None``). That covers
-        signals sent twice (success and postrun, parent and child), writes retried after an
-        outage that had in fact committed, redelivery with ``acks_late`` and Celery retries.
-
-        A task's own outcome that arrives after the beat decided without it (``lost``,
-        ``timed_out`` or ``rejected``: a worker that came back, a thread pool that cannot stop
-        a task past ``max_run_time``, a message started after ``start_timeout``) is kept as the
-        truth beside the verdict: with ``late=True`` (the worker's reports) it is appended once
-        to the run's ``error`` as ``late outcome from the worker at <time>: <state>[: error]``.
-        """
-        assert state.terminal
-        with self.session() as s:
-            return self.settle_in(
-                s, run_id, state, now=now, error=error, stop=stop, rng=rng, expect=expect, late=late
-            )
-
-    def settle_in(
-        self,
-        s: Session,
-        run_id: str,
-        state: RunState,
-        *,
-        now: datetime,
-        error: str | None = None,
-        stop: bool = False,
-        rng: random.Random | None = None,
-        expect: Iterable[RunState] | None = None,
-        late: bool = False,
-    ) -> Settled | None:
-        """``settle_run`` inside the caller's transaction (see there)."""
-        allowed = [st.value for st in (expect or ACTIVE_STATES)]
-        # Locked while read: a dispatcher marking the run published between this read and the
-        # guarded update below would otherwise make the update match nothing and drop the outcome.
-        run = s.execute(
-            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error)
-            .where(RunRow.id == run_id)
-            .with_for_update()
-        ).first()
-        if run is None:
-            return None
-        if run.state not in allowed:
-            if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
-                self.note_late_outcome(s, run_id, run.state, run.error, state, now, error)
-            return None
-        elapsed = elapsed_ms(run.started_at, now)
-        result = s.execute(
-            update(RunRow)
-            .where(RunRow.id == run_id, RunRow.state == run.state)
-            .values(
-                state=state.value,
-                finished_at=now,
-                elapsed_ms=elapsed,
-                error=error,
-                # The dispatcher may have marked it published after the worker's report (its own
-                # later clock reading): a run is never published after it finished.
-                published_at=case((RunRow.published_at > now, now), else_=RunRow.published_at),
-            )
-        )
-        if not result.rowcount:  # type: ignore[attr-defined]
-            return None
-        s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-        self._free_slot(
-            s,
-            run.schedule,
-            state,
-            elapsed,
-            now=now,
-            stop=stop,
-            rng=rng or random.Random(),
-            run_id=run_id,
-            error=error,
-        )
-        return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
-
-    def _free_slot(
-        self,
-        s: Session,
-        schedule: str,
-        outcome: RunState,
-        elapsed: int | None,
-        *,
-        now: datetime,
-        stop: bool,
-        rng: random.Random,
-        run_id: str,
-        error: str | None = None,
-    ) -> None:
-        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts."""
-        row = s.get(ScheduleRow, schedule, with_for_update=True)
-        if row is None:
-            return
-        self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)
-        self._notify(s, SETTLED_CHANNEL, schedule)
-
-    def count_settled(
-        self,
-        s: Session,
-        row: Any,
-        outcome: RunState,
-        elapsed: int | None,
-        *,
-        now: datetime,
-        stop: bool,
-        rng: random.Random,
-        run_id: str,
-        error: str | None = None,
-    ) -> None:
-        """``_free_slot`` on a schedule row the caller has locked (no notification).
-
-        ``row`` is a ``ScheduleRow`` or any object with its attributes (the batched writer's
-        plain rows); the changes are made to it, and the caller writes them.
-        """
-        new = on_settle(
-            Policy.from_json(row.policy),
-            state_of(row),
-            outcome=outcome,
-            elapsed_ms=elapsed,
-            now=now,
-            stop=stop,
-            gap_s=row.period or 0.0,
-            rng=rng,
-            run_id=run_id,
-        )
-        if new.pause_reason is not None and row.pause_reason is None:
-            logger.warning("celery_boundedbeat: %s paused itself: %s", row.name, new.pause_reason)
-        note_settle(
-            s,
-            row,
-            run_id=run_id,
-            outcome=outcome,
-            error=error,
-            streak=new.consecutive_failures,
-            threshold=self.failing_threshold,
-            now=now,
-        )
-        apply_state(row, new, now)
-        row.last_finished_at = now
-
-    @staticmethod
-    def note_late_outcome(
-        s: Session,
-        run_id: str,
-        settled_as: str,
-        old_error: str | None,
-        state: RunState,
-        now: datetime,
-        error: str | None,
-    ) -> None:
-        """Append a late task outcome to a run the beat already settled (once; no counters)."""
-        if old_error is not None and LATE_OUTCOME in old_error:
-            return
-        note = f"{LATE_OUTCOME} at {now.isoformat(timespec='milliseconds')}: {state.value}"
-        if error:
-            note += f": {error}"
-        text_ = f"{old_error}; {note}" if old_error else note
-        guard = RunRow.error.is_(None) if old_error is None else RunRow.error == old_error
-        s.execute(
-            update(RunRow)
-            .where(RunRow.id == run_id, RunRow.state == settled_as, guard)
-            .values(error=clip_error(text_))
-        )
-
-    def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
-        """One statement per worker process per interval, however many runs it has."""
-        with self.session() as s:
-            self.heartbeat_in(s, process, hostname, pid, now)
-
-    def heartbeat_in(self, s: Session, process: str, hostname: str, pid: int, now: datetime) -> None:
-        """``heartbeat`` inside the caller's transaction.
-
-        An upsert where the dialect has one: two runs starting at once in one process (a
-        threads pool) would otherwise both miss the row and both insert it, and the loser's
-        start and outcome would wait for the tracker's retry.
-        """
-        values = {"id": process, "hostname": hostname, "pid": pid, "heartbeat_at": now}
-        upsert: Any = None
-        if self.is_postgres:
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            upsert = pg_insert(WorkerRow).values(**values)
-        elif self.engine.dialect.name == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            upsert = sqlite_insert(WorkerRow).values(**values)
-        if upsert is not None:
-            s.execute(
-                upsert.on_conflict_do_update(
-                    index_elements=[WorkerRow.id],
-                    set_={"heartbeat_at": upsert.excluded.heartbeat_at, "pid": upsert.excluded.pid},
-                )
-            )
-            return
-        result = s.execute(update(WorkerRow).where(WorkerRow.id == process).values(heartbeat_at=now))
-        if not result.rowcount:  # type: ignore[attr-defined]
-            s.add(WorkerRow(id=process, hostname=hostname, pid=pid, heartbeat_at=now))
-
-    def forget_silent_workers(self, older_than: datetime) -> int:
-        """Drop heartbeat rows of processes silent since ``older_than`` (dead or long idle).
-
-        Their runs were reaped long ago; a live process that was idle writes its row again
-        when its next run starts.
-        """
-        with self.session() as s:
-            result = s.execute(delete(WorkerRow).where(WorkerRow.heartbeat_at < older_than))
-            return int(result.rowcount)  # type: ignore[attr-defined]
-
-    def reap(
-        self,
-        now: datetime,
-        *,
-        heartbeat_interval: float,
-        start_timeout: float,
-        rng: random.Random,
-    ) -> list[Settled]:
-        """Settle runs nobody will finish: dead workers → lost, past deadline → timed_out,
-        never started → rejected. Each goes through ``settle_run``, guarded by the state it
-        was found in (a run that settled or started meanwhile is left alone)."""
-        settled: list[Settled] = []
-        for run_id, state, error, found_in in self._reapable(now, heartbeat_interval, start_timeout):
-            done = self.settle_run(run_id, state, now=now, error=error, rng=rng, expect=[found_in])
-            if done:
-                settled.append(done)
-        return settled
-
-    def has_active_runs(self) -> bool:
-        """Whether any run is queued, published or started (one index probe): what the reaper
-        looks at; without any, an idle beat leaves it until it emits again."""
-        with self.engine.connect() as conn:
-            found = conn.scalar(select(exists().where(RunRow.state.in_([s.value for s in ACTIVE_STATES]))))
-        return bool(found)
-
-    def _reapable(
-        self, now: datetime, heartbeat_interval: float, start_timeout: float
-    ) -> list[tuple[str, RunState, str, RunState]]:
-        """``(run id, verdict, error, state it was found in)`` of each run the reaper settles."""
-        stale = now - timedelta(seconds=3 * heartbeat_interval)
-        started = RunState.STARTED.value
-        with self.session() as s:
-            timed_out = s.scalars(
-                select(RunRow.id).where(RunRow.state == started, RunRow.deadline_at < now).limit(500)
-            ).all()
-            lost = s.scalars(
-                select(RunRow.id)
-                .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
-                .where(
-                    RunRow.state == started,
-                    RunRow.started_at < stale,
-                    or_(WorkerRow.id.is_(None), WorkerRow.heartbeat_at < stale),
-                )
-                .limit(500)
-            ).all()
-            never = s.scalars(
-                select(RunRow.id)
-                .where(
-                    RunRow.state == RunState.PUBLISHED.value,
-                    RunRow.published_at < now - timedelta(seconds=start_timeout),
-                )
-                .limit(500)
-            ).all()
-        not_started = f"not started within boundedbeat_start_timeout ({start_timeout:g} s)"
-        return [
-            *((r, RunState.TIMED_OUT, "passed max_run_time", RunState.STARTED) for r in timed_out),
-            *((r, RunState.LOST, "worker heartbeat stopped", RunState.STARTED) for r in lost),
-            *((r, RunState.REJECTED, not_started, RunState.PUBLISHED) for r in never),
-        ]
+    # -- runs: retention and alerts (a run's life at the worker: :mod:`~.runlife`) --------
 
     def purge(self, older_than: datetime, batch: int = 1000) -> int:
         """Delete settled runs finished before ``older_than``, in small batches."""

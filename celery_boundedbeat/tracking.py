@@ -37,9 +37,10 @@ from celery import Celery
 from .engine import get_engine
 from .enums import RunState
 from .faults import is_outage
+from .runlife import Settled
 from .runtime import OutageLog
 from .settings import Settings
-from .store import Settled, Store, utcnow
+from .store import Store, utcnow
 from .worklog import Beat, OutcomeReport, StartReport, write_reports
 
 logger = logging.getLogger("celery_boundedbeat.tracking")

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
 from .held import HeldRows, driver_connection, driver_cursor, hold_pg, pipeline, write_changed
-from .store import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, Store, elapsed_ms
+from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms
+from .store import Store
 
 
 @dataclass(frozen=True, slots=True)

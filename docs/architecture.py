@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "catalog",
             "alertlog",
             "retention",
+            "runlife",
             "store",
             "worklog",
             "prepared",

@@ -21,8 +21,9 @@ from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
 from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.runlife import LATE_OUTCOME
 from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow, WorkerRow
-from celery_boundedbeat.store import LATE_OUTCOME, Store
+from celery_boundedbeat.store import Store
 from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport, write_reports
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -21,9 +21,10 @@ from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
 from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.runlife import LATE_OUTCOME
 from celery_boundedbeat.scheduler import Scheduler
 from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import LATE_OUTCOME, Store
+from celery_boundedbeat.store import Store
 from celery_boundedbeat.tracking import Tracker
 
 from .support import free_port

@@ -9,7 +9,7 @@ from celery import Celery
 from sqlalchemy.exc import DataError, OperationalError
 
 from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.store import Settled
+from celery_boundedbeat.runlife import Settled
 from celery_boundedbeat.tracking import BATCH, Tracker
 from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport
 
