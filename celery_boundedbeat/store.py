@@ -2,9 +2,10 @@
 
 The ticks, the queue, schedule changes, leases and reads are here; a run's life at the
 worker (start, settle, heartbeats, the reaper) is :class:`~.runlife.RunLife`, which
-:class:`Store` is made of too. Transitions are guarded by ``WHERE state = <expected>`` and checked by row count, so a
-duplicate or late signal can never settle a run twice (SQLite ignores ``FOR UPDATE``;
-correctness comes from the guards and the unique ``(schedule, scheduled_for)`` key).
+:class:`Store` is made of too. Transitions are guarded by ``WHERE state = <expected>`` and
+checked by row count, so a duplicate or late signal can never settle a run twice (SQLite
+ignores ``FOR UPDATE``; correctness comes from the guards and the unique ``(schedule,
+scheduled_for)`` key).
 """
 
 from __future__ import annotations
