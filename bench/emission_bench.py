@@ -90,8 +90,9 @@ class Sizes:
     idle_schedules: int = 100
     idle_window: float = 60.0
     tracking_tasks: int = 5000
-    #: with install(app) or not, in turn (ABBA, so a drifting machine weighs on both)
-    tracking_rounds: tuple[bool, ...] = (False, True, True, False)
+    #: without install(app) ("off"), with it and the report writer thread or process, in turn
+    #: (ABCCBA, so a drifting machine weighs on all three)
+    tracking_rounds: tuple[str, ...] = ("off", "thread", "process", "process", "thread", "off")
     e2e_schedules: int = 200
     e2e_window: float = 60.0
     e2e_threads: int = 4
@@ -103,7 +104,7 @@ QUICK = Sizes(
     floors=1,
     idle_window=10.0,
     tracking_tasks=1000,
-    tracking_rounds=(False, True),
+    tracking_rounds=("off", "thread", "process"),
     e2e_window=10.0,
 )
 
@@ -743,16 +744,17 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def tracking_round(ctx: Context, broker: str, install: bool) -> dict[str, Any]:
+def tracking_round(ctx: Context, broker: str, writer: str) -> dict[str, Any]:
     """n runs emitted by our beat into the queue (worker stopped), then drained by one worker.
 
     Both cases get the same messages, our headers included; without ``install(app)`` the
     worker just does not record them. Timed from the first task body to the last.
     """
     n = ctx.sizes.tracking_tasks
+    install = writer != "off"
     queue = new_queue()
     db = fresh_db(ctx)
-    out: dict[str, Any] = {"install": install, "tasks": n}
+    out: dict[str, Any] = {"install": install, "writer": writer, "tasks": n}
     try:
         env = app_env(broker, queue, db, kind="ours", entries=n, period=HOUR, policy=AT_ONCE)
         beat = beat_proc(ctx, f"track-beat-{int(install)}", env, stock=False)
@@ -763,6 +765,7 @@ def tracking_round(ctx: Context, broker: str, install: bool) -> dict[str, Any]:
         finally:
             beat.stop()
         extra = {"BENCH_INSTALL": "1" if install else "0", "BENCH_EXPECT": str(n)}
+        extra["BENCH_REPORT_WRITER"] = writer if install else "thread"
         worker = worker_proc(ctx, f"track-worker-{int(install)}", {**env, **extra}, queue, 4)
         worker.start()
         try:
@@ -797,13 +800,16 @@ def scenario_tracking(ctx: Context) -> dict[str, Any]:
         "threads": 4,
     }
     rounds = []
-    for install in ctx.sizes.tracking_rounds:
-        say(f"scenario 3: {ctx.sizes.tracking_tasks} no-op runs, {'with' if install else 'without'} install")
-        rounds.append(tracking_round(ctx, broker, install))
+    for writer in ctx.sizes.tracking_rounds:
+        how = "without install" if writer == "off" else f"with install, report writer {writer}"
+        say(f"scenario 3: {ctx.sizes.tracking_tasks} no-op runs, {how}")
+        rounds.append(tracking_round(ctx, broker, writer))
         say(f"scenario 3: {rounds[-1]['tasks_per_s']:.0f} tasks/s")
     out["rounds"] = rounds
-    for key, install in (("without", False), ("with", True)):
-        mine = [r for r in rounds if r["install"] is install]
+    for key, writer in (("without", "off"), ("with", "thread"), ("with_process", "process")):
+        mine = [r for r in rounds if r["writer"] == writer]
+        if not mine:
+            continue
         out[key] = {
             "tasks_per_s": statistics.mean(r["tasks_per_s"] for r in mine),
             "tasks_per_s_each": [r["tasks_per_s"] for r in mine],
@@ -812,6 +818,10 @@ def scenario_tracking(ctx: Context) -> dict[str, Any]:
         }
     out["ratio"] = out["with"]["tasks_per_s"] / out["without"]["tasks_per_s"]
     out["ms_added_per_run"] = (1 / out["with"]["tasks_per_s"] - 1 / out["without"]["tasks_per_s"]) * 1000
+    if "with_process" in out:
+        process = out["with_process"]["tasks_per_s"]
+        out["ratio_process"] = process / out["without"]["tasks_per_s"]
+        out["ms_added_per_run_process"] = (1 / process - 1 / out["without"]["tasks_per_s"]) * 1000
     out["runs_completed_with"] = [r["runs_completed"] for r in rounds if r["install"]]
     return out
 
@@ -1058,6 +1068,17 @@ def other_rows(results: dict[str, Any]) -> list[Row]:
         )
         cpu = f"{wo['worker_cpu_ms_per_task']:.2f} / {w['worker_cpu_ms_per_task']:.2f} ms"
         rows.append(row("  worker CPU per run without / with", cpu))
+        wp = tr.get("with_process")
+        if wp:
+            each = ", ".join(f"{v:,.0f}" for v in wp["tasks_per_s_each"])
+            label = '  with install(app), boundedbeat_report_writer = "process"'
+            rows.append(row(label, fmt(wp["tasks_per_s"], " tasks/s", 0), f"rounds {each}"))
+            ratio = tr["ratio_process"]
+            rows.append(row("  ratio with (writer process) / without", f"{ratio:.2f}", ">= 0.8", ratio / 0.8))
+            added = tr["ms_added_per_run_process"]
+            rows.append(row("  wall time added per run (writer process)", fmt(added, " ms", 2), "<= 1 ms"))
+            cpu = f"{wp['worker_cpu_ms_per_task']:.2f} ms (its process tree: the writer included)"
+            rows.append(row("  worker CPU per run with the writer process", cpu))
         rows.append(row("  PostgreSQL CPU per run with", fmt(w["postgres_cpu_ms_per_task"], " ms", 2)))
         done = ", ".join(str(v) for v in tr["runs_completed_with"])
         rows.append(row("  runs recorded completed (with)", done, f"{tr['tasks']:,} each"))

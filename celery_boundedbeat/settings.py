@@ -31,6 +31,8 @@ _POSITIVE = frozenset(
 )
 #: The longest ``prepare_ahead``: a prepared tick holds its schedules' row locks that long.
 MAX_PREPARE_AHEAD = 5.0
+#: Values of ``report_writer``.
+REPORT_WRITERS = ("thread", "process")
 #: The highest TCP port (``metrics_port``; 0 lets the system pick a free one).
 _MAX_PORT = 65535
 
@@ -86,6 +88,9 @@ class Settings:
     #: (:mod:`~celery_boundedbeat.prepared`); 0 turns it off. Changes to those schedules made
     #: within this lead wait for the commit.
     prepare_ahead: float = 0.5
+    #: Where a worker's run reports are written: ``"thread"`` (a thread of the worker process)
+    #: or ``"process"`` (a child process of its own, off the worker's GIL: for the threads pool).
+    report_writer: str = "thread"
     #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.
     metrics_port: int | None = None
     #: The address the metrics endpoint binds to (loopback: nothing outside the host sees it).
@@ -152,6 +157,9 @@ def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
     elif name == "metrics_host":
         if not isinstance(raw, str) or not raw.strip():
             return None, f"must be a non-empty host name or address, got {raw!r}"
+    elif name == "report_writer":
+        if raw not in REPORT_WRITERS:
+            return None, f"must be one of {', '.join(map(repr, REPORT_WRITERS))}, got {raw!r}"
     elif name == "default_policy":
         if not isinstance(raw, Mapping):
             return None, f"must be a dict, got {type(raw).__name__}"

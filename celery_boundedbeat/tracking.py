@@ -37,6 +37,7 @@ from celery import Celery
 from .engine import get_engine
 from .enums import RunState
 from .faults import is_outage
+from .reportproc import ReportProcess
 from .runlife import Settled
 from .runtime import OutageLog
 from .settings import Settings
@@ -116,6 +117,8 @@ class Tracker:
         #: task id -> run id of messages this process received (a prefork parent names the
         #: run of a child that died or hit its hard time limit from these).
         self._known: OrderedDict[str, str] = OrderedDict()
+        #: The child process writing this process's reports (``report_writer = "process"``).
+        self._reports: ReportProcess | None = None
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
         self._writes = OutageLog(logger, "recording runs in the database")
@@ -366,6 +369,10 @@ class Tracker:
     def _write_many(
         self, starts: list[StartReport], outcomes: list[OutcomeReport], beat: Beat | None
     ) -> list[Settled | None]:
+        if self.settings.report_writer == "process":
+            if self._reports is None:
+                self._reports = ReportProcess(self.settings.database_url, self.settings.failing_threshold)
+            return self._reports.write(starts, outcomes, beat)
         return write_reports(self.store, starts, outcomes, beat=beat, rng=self._rng)
 
     def _due_beat(self) -> Beat | None:
@@ -376,14 +383,16 @@ class Tracker:
 
     def shutdown(self) -> None:
         """The process is exiting: one last attempt at what it kept; say loudly what is lost."""
-        if self._pid != os.getpid() or not self._queue:
+        if self._pid != os.getpid():
             return
-        if not self.flush():
+        if self._queue and not self.flush():
             logger.error(
                 "celery_boundedbeat: %d run start(s)/outcome(s) could not be written before this process "
                 "exits; the beat's reaper will settle those runs lost",
                 len(self._queue),
             )
+        if self._reports is not None:
+            self._reports.close()
 
     # -- heartbeat ----------------------------------------------------------------------
 

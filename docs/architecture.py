@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "runlife",
             "store",
             "worklog",
+            "reportproc",
             "prepared",
             "notify",
         ),

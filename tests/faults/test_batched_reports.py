@@ -10,7 +10,7 @@ same schedules, and compare every run row, schedule counter and alert.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +20,9 @@ from sqlalchemy import select
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.faults import is_outage
 from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.reportproc import ReportProcess, ReportsRefused, ReportWriterLost
 from celery_boundedbeat.runlife import LATE_OUTCOME
 from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow, WorkerRow
 from celery_boundedbeat.store import Store
@@ -116,8 +118,13 @@ def apply_one_by_one(
 
 
 def apply_batched(
-    store: Store, ids: dict[tuple[int, int], str], batches: list[list[tuple[str, Any]]]
+    store: Store,
+    ids: dict[tuple[int, int], str],
+    batches: list[list[tuple[str, Any]]],
+    write: Callable[..., Any] | None = None,
 ) -> None:
+    """The batches as the tracker writes them: ``write_reports`` (or ``write``: the writer process)."""
+    write = write or (lambda starts, outcomes: write_reports(store, starts, outcomes, rng=random.Random(1)))
     for batch in batches:
         if batch[0][0] == "reap":
             key, at = batch[0][1]
@@ -133,7 +140,7 @@ def apply_batched(
             for kind, (key, at, *rest) in batch
             if kind == "outcome"
         ]
-        write_reports(store, starts, outcomes, rng=random.Random(1))
+        write(starts, outcomes)
 
 
 def picture(store: Store, prefix: str, ids: dict[tuple[int, int], str]) -> dict[str, Any]:
@@ -172,6 +179,75 @@ def test_batched_reports_end_where_the_same_reports_one_by_one_end(store: Store,
     states = [run[0] for run in got["runs"].values()]
     assert all(state in {s.value for s in OUTCOMES} | {"lost"} for state in states), states
     assert sum(row[0] + row[1] for row in got["schedules"].values()) == SCHEDULES * TICKS
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_batches_written_by_the_writer_process_end_where_the_same_reports_one_by_one_end(
+    store: Store, seed: int
+) -> None:
+    """``boundedbeat_report_writer = "process"``: the child writes the batches, with the same result."""
+    one, many = emit_copies(store, "one-", "many-")
+    batches = script(seed)
+    apply_one_by_one(store, one, batches)
+    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    try:
+        apply_batched(store, many, batches, lambda starts, outcomes: writer.write(starts, outcomes, None))
+    finally:
+        writer.close()
+    expected, got = picture(store, "one-", one), picture(store, "many-", many)
+    show_differences(expected, got)
+    assert got == expected
+
+
+def test_a_writer_process_that_dies_loses_no_report(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child found dead is replaced before the next batch; one that dies during a batch fails
+    that batch as an outage (the tracker keeps it and sends it again), and the retry lands."""
+    (ids,) = emit_copies(store, "dead-")
+    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    first, second = ids[(0, 0)], ids[(1, 0)]
+    try:
+        assert writer.write([StartReport(first, "w", "h:1", T0 + sec(1), None)], [], None) == []
+        dead = writer._child
+        assert dead is not None
+        dead.kill()
+        dead.wait()
+        start = [StartReport(second, "w", "h:1", T0 + sec(2), None)]
+        assert writer.write(start, [], None) == []  # a new child
+        replaced = writer._child
+        assert replaced is not None and replaced.pid != dead.pid
+        replaced.kill()
+        replaced.wait()
+        monkeypatch.setattr(replaced, "poll", lambda: None)  # it dies while the batch is sent
+        done = [OutcomeReport(second, RunState.COMPLETED, T0 + sec(3), None, False)]
+        with pytest.raises(ReportWriterLost) as lost:
+            writer.write([], done, None)
+        assert is_outage(lost.value)
+        assert [x is not None for x in writer.write([], done, None)] == [True]
+    finally:
+        writer.close()
+    run = store.run(second)
+    assert run is not None and (run.state, run.elapsed_ms) == ("completed", 1000)
+    assert writer._child is None
+
+
+@pytest.mark.postgres
+def test_a_batch_the_database_refuses_in_the_writer_process_is_refused_not_an_outage(
+    postgres_url: str,
+) -> None:
+    """A data error in the child comes back as ``ReportsRefused`` (the tracker then goes one by one)."""
+    engine = get_engine(postgres_url)
+    upgrade(engine)
+    store = Store(engine)
+    (ids,) = emit_copies(store, "bad-")
+    writer = ReportProcess(postgres_url, store.failing_threshold)
+    try:
+        with pytest.raises((ReportsRefused, ReportWriterLost)) as refused:
+            writer.write([StartReport(ids[(0, 0)], "w" * 300, "h:1", T0, None)], [], None)
+    finally:
+        writer.close()
+        dispose_all()
+    assert isinstance(refused.value, ReportsRefused), refused.value
+    assert "too long" in str(refused.value) and not is_outage(refused.value)
 
 
 def test_a_batch_writes_its_heartbeat_first_and_notes_a_late_outcome_once(store: Store) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from .harness import Harness
@@ -107,4 +109,43 @@ def test_with_confirm_publish_runs_are_published_confirmed_and_tracked(bb: Harne
     for run in bb.finished("confirmed"):
         assert run.published_at is not None and run.started_at is not None, run.short()
         assert run.enqueued_at <= run.published_at <= run.started_at, run.short()
+    bb.assert_no_errors()
+
+
+def _writer_children(worker_pid: int) -> list[int]:
+    """Pids of the report writer processes whose parent is ``worker_pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(") ")[2].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if ppid == worker_pid and b"celery_boundedbeat.reportproc" in command:
+            found.append(int(entry))
+    return found
+
+
+def test_the_report_writer_process_records_every_run_and_ends_with_the_worker(bb: Harness) -> None:
+    """``boundedbeat_report_writer = "process"``: the runs of a threads-pool worker are recorded
+    by its child process, and a warm shutdown writes the last outcomes and ends that child."""
+    bb.write_app({"written": bb.entry("written", 0.5, durations=[0.1])}, boundedbeat_report_writer="process")
+    worker, beat = bb.start(pool="threads", concurrency=2)
+    bb.wait_until(lambda: len(bb.finished("written")) >= 4, timeout=30, what="4 completed runs of 'written'")
+    pid = worker.popen.pid
+    children = bb.wait_until(lambda: _writer_children(pid), timeout=10, what="the writer process")
+    assert len(children) == 1, children
+    bb.stop(beat)
+    assert bb.stop(worker) == 0
+    assert not _writer_children(pid)
+    assert not os.path.exists(f"/proc/{children[0]}"), "the writer process outlived the worker"
+    runs = bb.runs("written")
+    assert [r.short() for r in runs if r.state == "started"] == [], "a started run was left unsettled"
+    executed = {iv.id for iv in bb.intervals("written") if iv.end is not None}
+    completed = {r.id for r in runs if r.state == "completed"}
+    assert executed == completed, (executed ^ completed, [r.short() for r in runs])
     bb.assert_no_errors()

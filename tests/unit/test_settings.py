@@ -45,8 +45,10 @@ def test_values_are_read_from_boundedbeat_keys() -> None:
         boundedbeat_lease_ttl=20,
         boundedbeat_retention_days=7,
         boundedbeat_auto_migrate=True,
+        boundedbeat_report_writer="process",
     )
     assert settings.database_url == "postgresql+psycopg://u@h/db"
+    assert settings.report_writer == "process" and Settings().report_writer == "thread"
     assert dict(settings.default_policy) == {"mode": "fixed_delay"}
     assert settings.dispatch_batch_size == 50
     assert settings.lease_ttl == 20.0 and isinstance(settings.lease_ttl, float)
@@ -85,6 +87,8 @@ def test_settings_are_frozen() -> None:
         ("boundedbeat_poll_interval", float("nan")),
         ("boundedbeat_heartbeat_interval", float("inf")),
         ("boundedbeat_retention_days", -2),
+        ("boundedbeat_report_writer", "processes"),
+        ("boundedbeat_report_writer", True),
     ],
 )
 def test_bad_values_are_refused_with_their_key(key: str, value: Any) -> None:

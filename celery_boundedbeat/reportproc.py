@@ -1,0 +1,158 @@
+"""A worker's run reports written by a process of its own (``boundedbeat_report_writer = "process"``).
+
+With the threads pool every task, the consumer and the tracker's writer share one GIL: the
+writer's statements and psycopg's Python-level protocol handling took 0.2 ms of the worker's
+CPU per run, and the tasks waited for it. Here the writer thread only hands each batch to a
+child process (one pickled message each way) and the child runs :func:`~.worklog.write_reports`
+on its own core. The semantics are the tracker's: a batch that was not answered is an outage,
+kept and sent again (starts and outcomes are idempotent), and a child that died is started anew.
+
+The child is ``python -c`` running :func:`main`; the database URL reaches it through
+its stdin, never its command line (``ps`` shows command lines).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import IO, Any
+
+from .runlife import Settled
+from .worklog import Beat, OutcomeReport, StartReport
+
+logger = logging.getLogger("celery_boundedbeat.tracking")
+
+_LENGTH = struct.Struct("!I")
+#: The child's command (not ``-m``: the package imports this module before runpy would run it).
+_CHILD = "from celery_boundedbeat.reportproc import main; main()"
+
+
+class ReportWriterLost(ConnectionError):
+    """The writer process ended or stopped answering: the batch is kept and sent again."""
+
+
+class ReportsNotWritten(ConnectionError):
+    """The writer process could not reach the database (an outage: kept, retried)."""
+
+
+class ReportsRefused(Exception):
+    """The database refused the batch for what it holds (the tracker then writes it one by one)."""
+
+
+def _send(stream: IO[bytes], message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError
+    (size,) = _LENGTH.unpack(head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class ReportProcess:
+    """The parent's end: starts the child on first use, sends a batch, returns what it settled."""
+
+    def __init__(self, database_url: str, failing_threshold: int) -> None:
+        self._init = (database_url, failing_threshold)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def write(
+        self, starts: Sequence[StartReport], outcomes: Sequence[OutcomeReport], beat: Beat | None
+    ) -> list[Settled | None]:
+        """Write one batch in the child (one transaction there), as ``write_reports`` would."""
+        with self._lock:
+            child = self._running()
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                _send(child.stdin, (list(starts), list(outcomes), beat))
+                kind, value = _receive(child.stdout)
+            except (OSError, EOFError, pickle.PickleError) as exc:
+                self._stop(child)
+                raise ReportWriterLost(f"the report writer process ended ({type(exc).__name__})") from None
+        if kind == "ok":
+            return list(value)
+        if kind == "outage":
+            raise ReportsNotWritten(value)
+        raise ReportsRefused(value)
+
+    def close(self) -> None:
+        """End the child after what it is writing (the tracker flushed before calling this)."""
+        with self._lock:
+            if self._child is not None:
+                self._stop(self._child)
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._child is not None and self._child.poll() is None:
+            return self._child
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert child.stdin is not None
+        _send(child.stdin, self._init)
+        self._child = child
+        return child
+
+    def _stop(self, child: subprocess.Popen[bytes]) -> None:
+        self._child = None
+        for stream in (child.stdin, child.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
+    """The child's loop: one batch in, one answer out, until the parent closes the pipe."""
+    from .engine import get_engine
+    from .faults import is_outage
+    from .redact import scrub
+    from .store import Store
+    from .worklog import write_reports
+
+    database_url, failing_threshold = _receive(inbox)
+    store = Store(get_engine(database_url), failing_threshold=failing_threshold)
+    rng = random.Random()
+    while True:
+        try:
+            starts, outcomes, beat = _receive(inbox)
+        except EOFError:
+            return
+        try:
+            answer: tuple[str, Any] = ("ok", write_reports(store, starts, outcomes, beat=beat, rng=rng))
+        except Exception as exc:
+            kind = "outage" if is_outage(exc) else "refused"
+            text = scrub(" ".join(str(exc).split())[:500], database_url)
+            answer = (kind, f"{type(exc).__name__}: {text}")
+        _send(outbox, answer)
+
+
+def main() -> None:
+    """Entry point of the child: its stdout is the answer pipe, anything printed goes to stderr."""
+    outbox = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    logging.basicConfig(level=logging.WARNING, format="[%(asctime)s: %(levelname)s/reportproc] %(message)s")
+    _serve(sys.stdin.buffer, outbox)
