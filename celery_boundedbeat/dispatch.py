@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from celery import Celery
 
 from .claims import Claimed
+from .fsbroker import use_whole_files
 from .publish import CLAIM_EXPIRED, Publisher
 from .redact import mask_url
 from .runlife import Settled
@@ -58,6 +59,7 @@ class Dispatcher:
         self.store = store
         self.settings = settings
         self.may_run = may_run
+        use_whole_files(app.conf.broker_url)  # a worker never reads half a message file
         #: Called with every drain iteration (the beat records the failed ones).
         self.record = record
         self._outage = OutageLog(logger, "dispatch iteration")

@@ -70,6 +70,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "definitions",
             "schedules",
             "frames",
+            "fsbroker",
             "publish",
             "dispatch",
             "ahead",
