@@ -45,7 +45,7 @@ def test_a_message_file_is_renamed_into_place_whole_and_read_back(
 
     monkeypatch.setattr(os, "replace", spy)
     folder = str(tmp_path)
-    options = {"data_folder_in": folder, "data_folder_out": folder}
+    options = {"data_folder_in": folder, "data_folder_out": folder, "control_folder": folder}
     with Connection("filesystem://", transport_options=options) as conn:
         queue = conn.SimpleQueue("whole")
         queue.put({"n": 1})
