@@ -219,11 +219,10 @@ def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Map
 
 def write_changed(s: Session, held: HeldRows) -> None:
     """Write back the columns each held row changed (compared with what was loaded)."""
-    groups = _changes(held)
     if s.get_bind().dialect.name == "postgresql":
-        write_changed_driver(driver_connection(s), groups)
+        write_changed_driver(driver_connection(s), held)
         return
-    for columns, rows in groups.items():
+    for columns, rows in _changes(held).items():
         s.connection().execute(
             update(SCHEDULES)
             .where(SCHEDULES.c.name == bindparam("b_name"))
@@ -244,10 +243,9 @@ def _changes(held: HeldRows) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     return groups
 
 
-def write_changed_driver(conn: Any, held: HeldRows | dict[tuple[str, ...], list[dict[str, Any]]]) -> None:
+def write_changed_driver(conn: Any, held: HeldRows) -> None:
     """:func:`write_changed` on a psycopg connection: one ``UPDATE`` per set of changed columns."""
-    groups = _changes(held) if isinstance(held, HeldRows) else held
-    for columns, rows in groups.items():
+    for columns, rows in _changes(held).items():
         with conn.cursor() as cur:
             cur.execute(_pg_update(columns), _pg_arrays(columns, rows))
 
