@@ -62,7 +62,7 @@ app = Celery("emission_app", broker=os.environ["BENCH_BROKER"])
 app.conf.update(
     task_default_queue=os.environ["BENCH_QUEUE"],
     boundedbeat_database_url=os.environ["BENCH_DB_URL"],
-    boundedbeat_report_writer=os.environ.get("BENCH_REPORT_WRITER", "thread"),
+    boundedbeat_report_writer=os.environ.get("BENCH_REPORT_WRITER", "auto"),
     beat_schedule=entries(),
 )
 if os.environ.get("BENCH_INSTALL") == "1":

@@ -240,6 +240,17 @@ def _on_internal_error(
         tracker.settle(run_id, RunState.FAILED, "internal error: " + error_text(exception))
 
 
+@_guard("worker_init")
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Tell the trackers which pool the worker runs: ``report_writer = "auto"`` follows it."""
+    pool_cls = getattr(sender, "pool_cls", None)
+    if pool_cls is None:
+        return
+    app = getattr(sender, "app", None)
+    for tracker in [_trackers[app]] if app in _trackers else list(_trackers.values()):
+        tracker.note_pool(pool_cls)
+
+
 @_guard("worker_shutdown")
 def _on_shutdown(**_: Any) -> None:
     for tracker in list(_trackers.values()):
@@ -279,15 +290,17 @@ def _warn_if_unusable(app: Celery) -> None:
 @_guard("worker_ready")
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     """Say once, at start, when runs cannot be recorded: the first run would only say it later.
+    Also start the report writer process, if this worker has one, before the first run.
 
-    On its own thread: a database that drops packets takes the connect timeout (10 s) to
-    answer, and the consumer must not wait for it.
+    Both on threads of their own: a database that drops packets takes the connect timeout
+    (10 s) to answer, and the consumer must not wait for it.
     """
     app = getattr(sender, "app", None)
     for tracked in [app] if app in _trackers else list(_trackers):
         threading.Thread(
             target=_warn_if_unusable, args=(tracked,), name="boundedbeat-db-check", daemon=True
         ).start()
+        _trackers[tracked].start_writer()  # in the background
 
 
 _RECEIVERS: list[tuple[Any, Any]] = [
@@ -303,6 +316,7 @@ _RECEIVERS: list[tuple[Any, Any]] = [
     (signals.worker_process_shutdown, _on_shutdown),
     (signals.worker_shutdown, _on_shutdown),
     (signals.worker_ready, _on_worker_ready),
+    (signals.worker_init, _on_worker_init),
 ]
 
 

@@ -32,7 +32,7 @@ _POSITIVE = frozenset(
 #: The longest ``prepare_ahead``: a prepared tick holds its schedules' row locks that long.
 MAX_PREPARE_AHEAD = 5.0
 #: Values of ``report_writer``.
-REPORT_WRITERS = ("thread", "process")
+REPORT_WRITERS = ("auto", "thread", "process")
 #: The highest TCP port (``metrics_port``; 0 lets the system pick a free one).
 _MAX_PORT = 65535
 
@@ -88,9 +88,10 @@ class Settings:
     #: (:mod:`~celery_boundedbeat.prepared`); 0 turns it off. Changes to those schedules made
     #: within this lead wait for the commit.
     prepare_ahead: float = 0.5
-    #: Where a worker's run reports are written: ``"thread"`` (a thread of the worker process)
-    #: or ``"process"`` (a child process of its own, off the worker's GIL: for the threads pool).
-    report_writer: str = "thread"
+    #: Where a worker's run reports are written: ``"thread"`` (a thread of the worker process),
+    #: ``"process"`` (a child process of its own, off the worker's GIL) or ``"auto"``: the
+    #: process for the threads pool, where every task shares that GIL, the thread elsewhere.
+    report_writer: str = "auto"
     #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.
     metrics_port: int | None = None
     #: The address the metrics endpoint binds to (loopback: nothing outside the host sees it).

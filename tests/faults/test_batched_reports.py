@@ -9,14 +9,20 @@ same schedules, and compare every run row, schedule counter and alert.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import select
 
+from celery_boundedbeat import reportproc
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
@@ -26,6 +32,7 @@ from celery_boundedbeat.reportproc import ReportProcess, ReportsRefused, ReportW
 from celery_boundedbeat.runlife import LATE_OUTCOME
 from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow, WorkerRow
 from celery_boundedbeat.store import Store
+from celery_boundedbeat.tracking import Tracker
 from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport, write_reports
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -228,6 +235,91 @@ def test_a_writer_process_that_dies_loses_no_report(store: Store, monkeypatch: p
     run = store.run(second)
     assert run is not None and (run.state, run.elapsed_ms) == ("completed", 1000)
     assert writer._child is None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_the_writer_process_outlives_ctrl_c_and_sigterm_to_the_process_group(
+    store: Store, signum: int
+) -> None:
+    """Ctrl-C or a service manager's SIGTERM reach the child too; it must still be there to
+    write the warm shutdown's last reports (the same child, not a replacement)."""
+    (ids,) = emit_copies(store, "sig-")
+    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    run = ids[(0, 0)]
+    try:
+        assert writer.write([StartReport(run, "w", "h:1", T0 + sec(1), None)], [], None) == []
+        child = writer._child
+        assert child is not None
+        os.kill(child.pid, signum)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(1.0)  # it did not end
+        done = [OutcomeReport(run, RunState.COMPLETED, T0 + sec(2), None, False)]
+        assert [x is not None for x in writer.write([], done, None)] == [True]
+        assert writer._child is child
+    finally:
+        writer.close()
+    written = store.run(run)
+    assert written is not None and written.state == "completed"
+
+
+def test_ready_starts_the_writer_process_in_the_background(store: Store) -> None:
+    """The tracker asks ``ready()`` before each batch and writes the batch itself while the
+    answer is no: the child's imports (about a second) never delay a worker's first reports."""
+    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    try:
+        started = time.monotonic()
+        assert writer.ready() is False
+        assert time.monotonic() - started < 0.5, "ready() waited for the child"
+        deadline = time.monotonic() + 60
+        while not writer.ready():
+            assert time.monotonic() < deadline, "the writer process never became ready"
+            time.sleep(0.05)
+        child = writer._child
+        (ids,) = emit_copies(store, "bg-")
+        assert writer.write([StartReport(ids[(0, 0)], "w", "h:1", T0, None)], [], None) == []
+        assert writer._child is child and writer.ready()
+    finally:
+        writer.close()
+
+
+def test_a_writer_process_that_cannot_start_is_not_spawned_for_every_batch(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(reportproc, "_CHILD", "raise SystemExit(3)")
+    spawned = []
+    real = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        spawned.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reportproc.subprocess, "Popen", popen)
+    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    assert writer.ready() is False
+    assert writer._starting is not None
+    writer._starting.join(30)
+    assert "did not start" in caplog.text
+    for _ in range(20):
+        assert writer.ready() is False
+    assert len(spawned) == 1, "a child that cannot start was spawned again before the delay"
+
+
+def test_the_tracker_writes_batches_itself_until_its_writer_process_is_ready(store: Store) -> None:
+    """A ``"process"`` tracker whose child is not ready yet records the batch in its own thread."""
+    app = Celery("not-ready", set_as_current=False)
+    app.conf.update(
+        boundedbeat_database_url=store.engine.url.render_as_string(hide_password=False),
+        boundedbeat_report_writer="process",
+    )
+    tracker = Tracker(app)
+    never = ReportProcess("sqlite://", 1)
+    never.ready = lambda: False  # type: ignore[method-assign]
+    tracker._reports = never
+    (ids,) = emit_copies(store, "early-")
+    run = ids[(0, 0)]
+    tracker._write_many([StartReport(run, "w", "h:1", T0, None)], [], None)
+    written = store.run(run)
+    assert written is not None and written.state == "started"
 
 
 @pytest.mark.postgres

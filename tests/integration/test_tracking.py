@@ -112,8 +112,8 @@ def test_with_confirm_publish_runs_are_published_confirmed_and_tracked(bb: Harne
     bb.assert_no_errors()
 
 
-def _writer_children(worker_pid: int) -> list[int]:
-    """Pids of the report writer processes whose parent is ``worker_pid`` (from /proc)."""
+def _children(parent: int, marker: bytes = b"") -> list[int]:
+    """Pids of the processes whose parent is ``parent`` and whose command holds ``marker`` (/proc)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -125,20 +125,26 @@ def _writer_children(worker_pid: int) -> list[int]:
                 command = f.read()
         except OSError:
             continue
-        if ppid == worker_pid and b"celery_boundedbeat.reportproc" in command:
+        if ppid == parent and marker in command:
             found.append(int(entry))
     return found
 
 
+def _writer_children(worker_pid: int) -> list[int]:
+    """Pids of the report writer processes whose parent is ``worker_pid``."""
+    return _children(worker_pid, b"celery_boundedbeat.reportproc")
+
+
 def test_the_report_writer_process_records_every_run_and_ends_with_the_worker(bb: Harness) -> None:
-    """``boundedbeat_report_writer = "process"``: the runs of a threads-pool worker are recorded
-    by its child process, and a warm shutdown writes the last outcomes and ends that child."""
-    bb.write_app({"written": bb.entry("written", 0.5, durations=[0.1])}, boundedbeat_report_writer="process")
+    """By default (``boundedbeat_report_writer = "auto"``) a threads-pool worker has a writer
+    process, started with the worker; it records every run, and a warm shutdown writes the
+    last outcomes and ends it."""
+    bb.write_app({"written": bb.entry("written", 0.5, durations=[0.1])})
     worker, beat = bb.start(pool="threads", concurrency=2)
-    bb.wait_until(lambda: len(bb.finished("written")) >= 4, timeout=30, what="4 completed runs of 'written'")
     pid = worker.popen.pid
     children = bb.wait_until(lambda: _writer_children(pid), timeout=10, what="the writer process")
-    assert len(children) == 1, children
+    bb.wait_until(lambda: len(bb.finished("written")) >= 4, timeout=30, what="4 completed runs of 'written'")
+    assert _writer_children(pid) == children and len(children) == 1, children
     bb.stop(beat)
     assert bb.stop(worker) == 0
     assert not _writer_children(pid)
@@ -148,4 +154,18 @@ def test_the_report_writer_process_records_every_run_and_ends_with_the_worker(bb
     executed = {iv.id for iv in bb.intervals("written") if iv.end is not None}
     completed = {r.id for r in runs if r.state == "completed"}
     assert executed == completed, (executed ^ completed, [r.short() for r in runs])
+    bb.assert_no_errors()
+
+
+@pytest.mark.parametrize(("pool", "writer"), [("prefork", "auto"), ("threads", "thread")])
+def test_a_worker_writes_its_reports_itself_with_prefork_or_when_told(
+    bb: Harness, pool: str, writer: str
+) -> None:
+    """No writer process for a prefork worker (a pool child runs one task at a time) or with
+    ``"thread"``: the reports are written by a thread, in the parent or in each pool child."""
+    bb.write_app({"itself": bb.entry("itself", 0.5, durations=[0.1])}, boundedbeat_report_writer=writer)
+    worker, _ = bb.start(pool=pool, concurrency=2)
+    bb.wait_until(lambda: len(bb.finished("itself")) >= 3, timeout=30, what="3 completed runs of 'itself'")
+    tree = [worker.popen.pid, *_children(worker.popen.pid)]
+    assert [child for pid in tree for child in _writer_children(pid)] == []
     bb.assert_no_errors()

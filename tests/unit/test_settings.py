@@ -48,7 +48,7 @@ def test_values_are_read_from_boundedbeat_keys() -> None:
         boundedbeat_report_writer="process",
     )
     assert settings.database_url == "postgresql+psycopg://u@h/db"
-    assert settings.report_writer == "process" and Settings().report_writer == "thread"
+    assert settings.report_writer == "process" and Settings().report_writer == "auto"
     assert dict(settings.default_policy) == {"mode": "fixed_delay"}
     assert settings.dispatch_batch_size == 50
     assert settings.lease_ttl == 20.0 and isinstance(settings.lease_ttl, float)
