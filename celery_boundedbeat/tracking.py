@@ -92,9 +92,8 @@ _Pending = _PendingStart | _PendingSettle
 def _in_memory(settings: Settings) -> bool:
     """Whether the database lives in this process's memory (SQLite ``:memory:``)."""
     url = make_url(settings.database_url)
-    database = url.database or ""
     return url.get_backend_name() == "sqlite" and (
-        database in ("", ":memory:") or "mode=memory" in database or url.query.get("mode") == "memory"
+        (url.database or "") in ("", ":memory:") or url.query.get("mode") == "memory"
     )
 
 
@@ -114,6 +113,8 @@ class Tracker:
         self._last_heartbeat = 0.0
         #: The worker's pool class, from ``worker_init`` (``None``: not seen, not a worker).
         self._pool: type | None = None
+        #: ``writer``, decided once it is asked (the pool is known by then).
+        self._writer: str | None = None
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -163,6 +164,7 @@ class Tracker:
             logger.debug("celery_boundedbeat: pool %r not resolved", pool_cls, exc_info=True)
             return
         self._pool = resolved if isinstance(resolved, type) else None
+        self._writer = None
 
     @property
     def writer(self) -> str:
@@ -174,12 +176,13 @@ class Tracker:
         task at a time and would need a writer process each; an in-memory SQLite database is
         not shared with a child.
         """
-        chosen = self.settings.report_writer
-        if chosen != "auto":
-            return chosen
-        if self._pool is None or not issubclass(self._pool, ThreadsPool) or _in_memory(self.settings):
-            return "thread"
-        return "process"
+        if self._writer is None:
+            chosen = self.settings.report_writer
+            if chosen == "auto":
+                threads = self._pool is not None and issubclass(self._pool, ThreadsPool)
+                chosen = "process" if threads and not _in_memory(self.settings) else "thread"
+            self._writer = chosen
+        return self._writer
 
     def _after_fork_check(self) -> None:
         if self._pid != os.getpid():
