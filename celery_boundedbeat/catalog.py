@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import JSON, Table, delete, exists, func, insert, select
 from sqlalchemy.orm import Session
 
+from .bulk import insert_many
 from .exceptions import ConfigurationError, UnknownScheduleError
 from .held import (
     DEFINITION,
@@ -57,7 +58,6 @@ CHUNK = 500
 TABLE = cast(Table, ScheduleRow.__table__)
 #: Stored as JSON documents (``None`` as JSON ``null``, as SQLAlchemy's JSON type writes it).
 JSON_COLUMNS = frozenset(c.key for c in TABLE.columns if isinstance(c.type, JSON))
-COPY_SQL = "COPY {} ({}) FROM STDIN".format(TABLE.name, ", ".join(f'"{c}"' for c in COLUMNS))
 
 _T = TypeVar("_T")
 
@@ -90,25 +90,10 @@ def insert_rows(s: Session, rows: Iterable[dict[str, Any]]) -> None:
     """Insert new schedule rows given as plain values, in the session's transaction.
 
     No ORM object per row: building and reading back 100,000 instrumented rows was most of
-    a cold start. PostgreSQL gets one ``COPY`` (a third of the time of an executemany, and the
-    server parses while the rows are still being built); other databases an executemany per
-    chunk.
+    a cold start. PostgreSQL gets one ``COPY`` (:func:`~.bulk.insert_many`: a third of the
+    time of an executemany, and the server parses while the rows are still being built).
     """
-    connection = s.connection()
-    if connection.dialect.name == "postgresql":
-        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        with cursor.copy(COPY_SQL) as copy:
-            for row in rows:
-                copy.write_row([json.dumps(row[c]) if c in JSON_COLUMNS else row[c] for c in COLUMNS])
-        return
-    batch: list[dict[str, Any]] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == CHUNK:
-            s.execute(insert(TABLE), batch)
-            batch = []
-    if batch:
-        s.execute(insert(TABLE), batch)
+    insert_many(s, TABLE, rows)
 
 
 def reconcile_config(

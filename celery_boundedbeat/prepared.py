@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, insert, text
+from sqlalchemy import Table, text
 from sqlalchemy.orm import Session
 
+from .bulk import insert_many
 from .claims import Claimed
-from .held import SCHEDULES, hold, light_select, prefetch_definitions, write_changed
+from .held import hold_pg, prefetch_definitions, write_changed
 from .policy import EntrySpec
 from .rows import state_of
 from .schema import QueueRow, RunRow
@@ -132,12 +133,14 @@ def prepare_tick(
     return prepared
 
 
-def _due_rows(due: datetime) -> Any:
-    return light_select().where(
-        SCHEDULES.c.next_due_at <= due,
-        SCHEDULES.c.paused.is_(False),
-        SCHEDULES.c.stopped.is_(False),
-    )
+#: The due schedules with a free slot and nothing waiting, locked unless another transaction
+#: holds them (``active_runs`` against the policy's ``max_concurrency``, 1 when it has none).
+#: Sent to psycopg directly: the ORM's result processing was a fifth of a preparation.
+_PG_CERTAIN = (
+    "next_due_at <= %(due)s AND paused IS false AND stopped IS false AND pending_runs = 0 "
+    "AND active_runs < coalesce(CAST(policy ->> 'max_concurrency' AS integer), 1) "
+    "ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
 
 
 def _prepare(
@@ -156,12 +159,7 @@ def _prepare(
     # Only rows with a free slot and nothing waiting are locked (SKIP LOCKED: a row another
     # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
     # unlocked, so the settle that frees its slot is not held up.
-    free = and_(
-        SCHEDULES.c.pending_runs == 0,
-        SCHEDULES.c.active_runs < func.coalesce(SCHEDULES.c.policy["max_concurrency"].as_integer(), 1),
-    )
-    locked = _due_rows(due).where(free).order_by(SCHEDULES.c.next_due_at).limit(limit)
-    held = hold(session, locked.with_for_update(skip_locked=True))
+    held = hold_pg(session, _PG_CERTAIN, {"due": due, "limit": limit})
     prefetch_definitions(session, held, resolve)
     for row in held:
         spec = resolve(row)
@@ -175,14 +173,14 @@ def _prepare(
     if not run_rows:
         return None
     write_changed(session, held)
-    # Core executemany, and the queue ids taken from their sequence in one statement: an ORM
-    # bulk insert, or an INSERT ... RETURNING the ids, took most of a preparation's time.
-    session.execute(insert(RUNS), run_rows)
+    # COPY, and the queue ids taken from their sequence in one statement: an ORM bulk insert,
+    # an INSERT ... RETURNING the ids, then an executemany took most of a preparation's time.
+    insert_many(session, RUNS, run_rows)
     ids = session.execute(_QUEUE_IDS, {"n": len(queue_rows)}).scalars().all()
     until = due + timedelta(seconds=claim_timeout)
     for queue_id, queued in zip(ids, queue_rows, strict=True):
         queued.update(id=queue_id, claimed_by=claimer, claimed_until=until, attempts=1)
-    session.execute(insert(QUEUE), queue_rows)
+    insert_many(session, QUEUE, queue_rows)
     claimed = [_claimed(queued) for queued in queue_rows]
     return PreparedTick(due=due, session=session, result=result, claimed=claimed)
 

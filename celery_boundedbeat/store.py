@@ -25,7 +25,6 @@ from sqlalchemy import (
     and_,
     delete,
     func,
-    insert,
     select,
     update,
 )
@@ -35,6 +34,7 @@ from sqlalchemy.orm import Session
 from .alertlog import take
 from .alerts import Alert
 from .backfill import Backfilled, BackfillRefused, on_backfill, without_taken
+from .bulk import insert_many
 from .catalog import (
     Reconciled,
     add_runtime_pg,
@@ -401,11 +401,10 @@ class Store(RunLife):
                     )
                 record_outcome(row, spec, outcome, now, expires_after, result, run_rows, queue_rows)
             write_changed(s, held)
-            if run_rows:
-                # Core executemany: the ORM's bulk insert cost a fifth of a 1,000-run tick.
-                s.execute(insert(cast(Table, RunRow.__table__)), run_rows)
+            # COPY on PostgreSQL: an executemany cost a third of a 1,000-run tick's CPU.
+            insert_many(s, cast(Table, RunRow.__table__), run_rows)
             if queue_rows:
-                s.execute(insert(cast(Table, QueueRow.__table__)), queue_rows)
+                insert_many(s, cast(Table, QueueRow.__table__), queue_rows)
                 self._notify(s, QUEUE_CHANNEL)
             result.next_due_at = self._next_due(s)
         return result

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "engine",
             "migrate",
             "rows",
+            "bulk",
             "held",
             "claims",
             "catalog",
