@@ -266,6 +266,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._stale = result is None
             if result is not None:
                 self._known_due = result.next_due_at
+                if self._ahead is not None:
+                    self._ahead.saw(len(result.emitted))
                 self._log_tick(result)
                 if result.emitted:
                     self._runs_may_be_active = True

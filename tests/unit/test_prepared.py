@@ -191,6 +191,24 @@ def test_the_lead_grows_with_the_last_preparation_up_to_the_bound(store: Store) 
     assert ticker(0).lead == 0
 
 
+def test_the_first_preparation_after_a_large_tick_starts_early_enough(store: Store) -> None:
+    """Before any preparation was measured, a tick at the due time that emitted 5,000 runs sets
+    the lead from an assumed cost per run; a smaller tick after it never shortens it."""
+    from celery import Celery
+
+    from celery_boundedbeat.ahead import ASSUMED_PER_RUN, AheadTicker
+    from celery_boundedbeat.settings import Settings
+
+    app = Celery("lead", broker="memory://", set_as_current=False)
+    ahead = AheadTicker(
+        app, store, Settings(prepare_ahead=0.5), lambda row: None, claimer="c", still_leading=lambda: True
+    )
+    ahead.saw(5000)
+    assert ahead.lead == pytest.approx(2 * ASSUMED_PER_RUN * 5000) and ahead.lead > 2.0
+    ahead.saw(10)
+    assert ahead.lead == pytest.approx(2 * ASSUMED_PER_RUN * 5000)
+
+
 def test_a_tick_found_past_its_catchup_window_is_not_prepared_and_the_tick_drops_it(store: Store) -> None:
     """The preparation decides with the same on_due: a tick 10 s late under a 5 s window emits nothing."""
     entries = setup(store, spec("w", 60, policy={"catchup_window": 5}))
