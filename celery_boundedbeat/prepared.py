@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from .bulk import insert_many
 from .claims import Claimed
-from .held import hold_pg, prefetch_definitions, write_changed
+from .held import TICK_LEAVES_OUT, hold_pg, prefetch_definitions, write_changed
 from .policy import EntrySpec
 from .rows import state_of
 from .schema import QueueRow, RunRow
@@ -159,7 +159,7 @@ def _prepare(
     # Only rows with a free slot and nothing waiting are locked (SKIP LOCKED: a row another
     # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
     # unlocked, so the settle that frees its slot is not held up.
-    held = hold_pg(session, _PG_CERTAIN, {"due": due, "limit": limit})
+    held = hold_pg(session, _PG_CERTAIN, {"due": due, "limit": limit}, leave_out=TICK_LEAVES_OUT)
     prefetch_definitions(session, held, resolve)
     for row in held:
         spec = resolve(row)

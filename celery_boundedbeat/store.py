@@ -51,6 +51,7 @@ from .enums import MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
 from .held import (
     SCHEDULES,
+    TICK_LEAVES_OUT,
     driver_cursor,
     hold,
     hold_pg,
@@ -199,7 +200,7 @@ _PG_NEXT_DUE = f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE paused IS f
 def _due(now: datetime, limit: int) -> Any:
     """The tick's query: the due schedules, earliest first, skipping rows another transaction holds."""
     return (
-        light_select()
+        light_select(leave_out=TICK_LEAVES_OUT)
         .where(
             SCHEDULES.c.next_due_at <= now,
             SCHEDULES.c.paused.is_(False),
@@ -377,7 +378,7 @@ class Store(RunLife):
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
             if self.is_postgres:
-                held = hold_pg(s, _PG_DUE, {"now": now, "limit": limit})
+                held = hold_pg(s, _PG_DUE, {"now": now, "limit": limit}, leave_out=TICK_LEAVES_OUT)
             else:
                 held = hold(s, _due(now, limit))
             prefetch_definitions(s, held, resolve)

@@ -143,3 +143,39 @@ def test_definitions_filled_in_one_query_equal_those_fetched_on_first_read(store
     assert values == {column: whole["by-held"][column] for column in DEFINITION}
     assert values["args"] == [1, "x"] and values["created_at"].tzinfo == UTC
     assert "_fetch" not in vars(row) or vars(row)["_fetch"] is None
+
+
+def test_a_tick_reads_no_left_out_column_row_by_row(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick leaves the policy out of its select too; a schedule rebuilt from its row gets it
+    from the one prefetch query, and a cached one never reads it (no query per row)."""
+    from celery import Celery
+
+    from celery_boundedbeat.definitions import Resolver, define
+    from celery_boundedbeat.held import Held
+
+    app = Celery("held", broker="memory://", set_as_current=False)
+    entry = {"task": "proj.t", "schedule": 10, "policy": {"mode": "fixed_rate", "max_concurrency": 3}}
+    for i in range(3):
+        assert store.add_schedule(define(f"rt-{i}", entry, app, {}), T0, random.Random(1))
+    fetched: list[str] = []
+    lazy = Held.__getattr__
+
+    def recording(self: Held, name: str) -> Any:
+        if not name.startswith("_") and self.__dict__.get("_fetch") is not None:
+            fetched.append(name)
+        return lazy(self, name)
+
+    monkeypatch.setattr(Held, "__getattr__", recording)
+    resolve = Resolver(app, {})
+    first = store.tick(resolve, T0 + timedelta(seconds=1), random.Random(1), 100)
+    second = store.tick(resolve, T0 + timedelta(seconds=11), random.Random(1), 100)
+    emitted = {e.schedule for e in first.emitted} | {e.schedule for e in second.emitted}
+    assert {"rt-0", "rt-1", "rt-2"} <= emitted
+    assert len(second.emitted) >= 3, "every runtime schedule ticked again from its cached copy"
+    assert fetched == []
+    assert resolve(store_row(store, "rt-0")).policy.max_concurrency == 3
+
+
+def store_row(store: Store, name: str) -> Any:
+    with store.session() as s:
+        return hold(s, light_select(leave_out=frozenset()).where(SCHEDULES.c.name == name)).get(name)
