@@ -4,8 +4,8 @@ Loading a thousand due rows as ORM objects, tracking their changes and flushing 
 each was most of a tick's CPU; so was decoding each row's definition JSON (args, kwargs,
 options, timing) that the tick does not read unless it rebuilds the schedule. Here a row is
 a :class:`Held`: its state columns as attributes, the definition fetched only if asked for,
-and :func:`write_changed` sends back only the columns that changed, one executemany per
-set of changed columns (usually one for the whole tick).
+and :func:`write_changed` sends back only the columns that changed, one statement per set
+of changed columns (usually one for the whole tick).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Held schedule rows written back by column read back exactly as the ORM writes them.
 
-On PostgreSQL ``write_changed`` sends one ``UPDATE ... FROM unnest(...)`` straight to psycopg
-(JSON as text cast per row, datetimes as UTC) and ``hold_pg`` reads rows the same way; both
+On PostgreSQL ``write_changed`` sends one ``UPDATE ... FROM json_to_recordset(...)`` straight
+to psycopg (JSON columns as text cast per row, datetimes as UTC ISO text) and ``hold_pg`` reads rows the same way; both
 must agree with the ORM to the SQL value: JSON ``null`` stays JSON ``null``, not SQL ``NULL``.
 """
 
