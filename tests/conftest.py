@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 from pgtools import throwaway_database
+from sqlalchemy import Engine
+
+from celery_boundedbeat.engine import dispose_all, get_engine
+from celery_boundedbeat.migrate import upgrade
 
 
 @pytest.fixture
@@ -20,6 +24,30 @@ def postgres_url() -> Iterator[str]:
 def sqlite_url(tmp_path: Path) -> str:
     """The SQLAlchemy URL of a fresh SQLite file database in the test's temporary directory."""
     return f"sqlite:///{tmp_path}/boundedbeat.sqlite3"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """An empty database URL: a SQLite file, then a fresh PostgreSQL database."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """The package's own engine for ``db_url`` (SQLite in WAL mode with BEGIN IMMEDIATE)."""
+    engine = get_engine(db_url)
+    try:
+        yield engine
+    finally:
+        dispose_all()
+
+
+@pytest.fixture
+def migrated(engine: Engine) -> Engine:
+    """``engine`` with the schema migrated to the newest revision."""
+    upgrade(engine)
+    return engine
 
 
 @pytest.hookimpl(wrapper=True)

@@ -14,13 +14,13 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from celery_boundedbeat import reportproc
 from celery_boundedbeat.engine import dispose_all, get_engine
@@ -45,15 +45,9 @@ def sec(n: float) -> timedelta:
     return timedelta(seconds=n)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    url = str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-    engine = get_engine(url)
-    upgrade(engine)
-    try:
-        yield Store(engine, failing_threshold=2)
-    finally:
-        dispose_all()
+@pytest.fixture
+def store(migrated: Engine) -> Store:
+    return Store(migrated, failing_threshold=2)
 
 
 def emit_copies(store: Store, *prefixes: str) -> list[dict[tuple[int, int], str]]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.engine import dispose_all, get_engine
@@ -37,19 +37,9 @@ def sec(n: float) -> timedelta:
     return timedelta(seconds=n)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-
-
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    engine = get_engine(db_url)
-    upgrade(engine)
-    try:
-        yield Store(engine)
-    finally:
-        dispose_all()
+def store(migrated: Engine) -> Store:
+    return Store(migrated)
 
 
 def emit(store: Store, name: str = "a") -> str:

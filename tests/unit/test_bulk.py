@@ -7,12 +7,11 @@ in any offset as the same instant, text with the characters ``COPY`` escapes kep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import Table, func, insert, select, text
+from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
 from celery_boundedbeat.bulk import CHUNK, insert_many
@@ -29,15 +28,9 @@ READ_BACK = (
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    url = str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-    engine = get_engine(url)
-    upgrade(engine)
-    try:
-        yield Store(engine)
-    finally:
-        dispose_all()
+@pytest.fixture
+def store(migrated: Engine) -> Store:
+    return Store(migrated)
 
 
 def row(task_id: str, **changes: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
@@ -156,12 +155,6 @@ def test_a_database_failure_names_the_masked_url_and_the_reason() -> None:
 
 
 # -- the one read, on SQLite and PostgreSQL ------------------------------------------------
-
-
-@pytest.fixture
-def migrated(engine: Engine) -> Engine:
-    upgrade(engine)
-    return engine
 
 
 def test_the_read_finds_nothing_on_an_empty_database(migrated: Engine) -> None:

@@ -1,14 +1,14 @@
 """Held schedule rows written back by column read back exactly as the ORM writes them.
 
 On PostgreSQL ``write_changed`` sends one ``UPDATE ... FROM json_to_recordset(...)`` straight
-to psycopg (JSON columns as text cast per row, datetimes as UTC ISO text) and ``hold_pg`` reads rows the same way; both
-must agree with the ORM to the SQL value: JSON ``null`` stays JSON ``null``, not SQL ``NULL``.
+to psycopg (JSON columns as text cast per row, datetimes as UTC ISO text) and ``hold_pg``
+reads rows the same way; both must agree with the ORM to the SQL value: JSON ``null`` stays
+JSON ``null``, not SQL ``NULL``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -51,27 +51,21 @@ READ_BACK = (
 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    url = str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-    engine = get_engine(url)
-    upgrade(engine)
-    try:
-        store = Store(engine)
-        specs = []
+@pytest.fixture
+def store(migrated: Engine) -> Store:
+    store = Store(migrated)
+    specs = []
+    for name in ("by-orm", "by-held"):
+        spec, problems = parse_entry(name, {"task": "proj.t", "schedule": 10}, {})
+        assert spec is not None, problems
+        specs.append(spec)
+    store.sync_config(specs, T0, random.Random(1))
+    with store.session() as s:  # a JSON value to replace by None
         for name in ("by-orm", "by-held"):
-            spec, problems = parse_entry(name, {"task": "proj.t", "schedule": 10}, {})
-            assert spec is not None, problems
-            specs.append(spec)
-        store.sync_config(specs, T0, random.Random(1))
-        with store.session() as s:  # a JSON value to replace by None
-            for name in ("by-orm", "by-held"):
-                row = s.get(ScheduleRow, name)
-                assert row is not None
-                row.timing = {"kind": "interval", "every": 10.0}
-        yield store
-    finally:
-        dispose_all()
+            row = s.get(ScheduleRow, name)
+            assert row is not None
+            row.timing = {"kind": "interval", "every": 10.0}
+    return store
 
 
 def read_back(engine: Engine, name: str) -> tuple[Any, ...]:

@@ -182,12 +182,6 @@ def test_a_scrape_reads_no_database() -> None:
 # -- the read, on SQLite and PostgreSQL ------------------------------------------------------
 
 
-@pytest.fixture
-def migrated(engine: Engine) -> Engine:
-    upgrade(engine)
-    return engine
-
-
 def schedule_row(name: str, **values: object) -> ScheduleRow:
     return ScheduleRow(
         name=name, task="proj.t", mode="fixed_rate_no_overlap", policy={}, schedule="every 60s",
