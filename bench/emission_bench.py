@@ -611,6 +611,7 @@ def beat_phase(
         if db:
             drop_db(ctx.admin, db)
     out.update(arrival_summary(records, a.t, b.t, n, period, ticking))
+    out["window_start_s"] = a.t - ticking  # per_tick's times are from ``ticking`` too
     return out
 
 
@@ -642,7 +643,30 @@ def arrival_summary(
         "entries_published": len(first),
         "entries": n,
         "latest_first_publish_s": max(first.values()) - t0 if first else math.nan,
+        "per_tick": per_tick(records, t0),
     }
+
+
+def per_tick(records: list[tuple[float, float | None, str | None]], t0: float) -> list[list[float]]:
+    """Each due time's messages: ``[due - t0, count, first drift, last drift]`` (seconds).
+
+    Shows what one percentile over the window cannot: whether a few ticks after start-up were
+    late (a burst still being published) or every tick is.
+    """
+    by_due: dict[float, list[float]] = {}
+    for arrival, due, _ in records:
+        if due is not None:
+            by_due.setdefault(round(due, 3), []).append(arrival - due)
+    return [[due - t0, len(d), min(d), max(d)] for due, d in sorted(by_due.items())]
+
+
+def settled_after(ticks: list[list[float]], start: float) -> tuple[int, float]:
+    """Ticks due in the window before the first whose first message came within 100 ms of its
+    due time, and the worst last-message drift of the ticks from there on."""
+    inside = [t for t in ticks if t[0] >= start]
+    late = next((i for i, t in enumerate(inside) if t[2] <= 0.1), len(inside))
+    rest = [t[3] for t in inside[late:]]
+    return late, max(rest) if rest else math.nan
 
 
 def emission_case(ctx: Context, broker: str, n: int, period: float) -> dict[str, Any]:
@@ -983,6 +1007,14 @@ def emission_rows(case: dict[str, Any]) -> list[Row]:
             )
         )
         rows.append(row(f"  {who}: drift p50 / p99 / max", trio(r["drift_s"])))
+        if r.get("per_tick") and "window_start_s" in r:
+            late, worst = settled_after(r["per_tick"], r["window_start_s"])
+            rows.append(
+                row(
+                    f"  {who}: window's ticks still catching up / worst tick after that (last msg)",
+                    f"{late} / {ms(worst) if not math.isnan(worst) else '-'}",
+                )
+            )
         cpu = r["cpu"]
         rows.append(
             row(
