@@ -1007,7 +1007,7 @@ def emission_rows(case: dict[str, Any]) -> list[Row]:
             )
         )
         rows.append(row(f"  {who}: drift p50 / p99 / max", trio(r["drift_s"])))
-        if r.get("per_tick") and "window_start_s" in r:
+        if key == "ours" and r.get("per_tick") and "window_start_s" in r:  # stock's due times slide
             late, worst = settled_after(r["per_tick"], r["window_start_s"])
             rows.append(
                 row(
