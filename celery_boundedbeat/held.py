@@ -20,7 +20,7 @@ from typing import Any, cast
 from sqlalchemy import JSON, Select, Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from .schema import ScheduleRow, UTCDateTime
+from .schema import ScheduleRow, UTCDateTime, as_utc
 
 SCHEDULES = cast(Table, ScheduleRow.__table__)
 
@@ -289,13 +289,5 @@ def _pg_document(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
 def _iso(value: Any) -> str:
     """A datetime as ISO text for :func:`_pg_document` (aware, in UTC)."""
     if isinstance(value, datetime):
-        return cast(datetime, _aware(value)).isoformat()
+        return cast(datetime, as_utc(value)).isoformat()
     raise TypeError(f"cannot store {type(value).__name__} {value!r} in a schedule row")
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise ValueError("celery_boundedbeat stores only timezone-aware datetimes")
-    return value.astimezone(UTC)

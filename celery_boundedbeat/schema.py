@@ -28,6 +28,16 @@ VERSION_TABLE = "boundedbeat_alembic_version"
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+def as_utc(value: datetime | None) -> datetime | None:
+    """``value`` in UTC, as every datetime column stores it; a naive one is refused, since its
+    zone could only be guessed (writers that bypass :class:`UTCDateTime` call this too)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("celery_boundedbeat stores only timezone-aware datetimes")
+    return value.astimezone(UTC)
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite stores naive UTC text)."""
 
@@ -35,12 +45,8 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("celery_boundedbeat stores only timezone-aware datetimes")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        value = as_utc(value)
+        return value.replace(tzinfo=None) if value is not None and dialect.name == "sqlite" else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
