@@ -121,6 +121,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._stale = True
         self._runs_may_be_active = True
         self._alerts_may_wait = True
+        #: Whether no tick has looked since the lease was taken (:meth:`_tick_late`).
+        self._first_look = True
         #: Monotonic time of the next look done whatever the above say (a backstop).
         self._next_full_look_at = 0.0
         kwargs.pop("schedule_filename", None)
@@ -262,6 +264,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return 0
         now = utcnow()
         if self._must_tick(now, mono):
+            if self._tick_late(now):
+                return 0  # the rest of what is due (not certain enough to claim) is looked at now
             result = self._emit_due(now)
             self._stale = result is None
             if result is not None:
@@ -327,13 +331,45 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             # Never longer than the beat's own wait: a clock stepped back must not stall it.
             self._wait(min(wait, max(0.0, (due - utcnow()).total_seconds())))
             return True
+        self._prepared_done(prepared, failed, due)
+        return True
+
+    def _tick_late(self, now: datetime) -> bool:
+        """Tick what fell due before this look the way a prepared tick is published.
+
+        A beat that is behind (its first look, which finds every new schedule due, or a
+        tick too large to prepare in its lead) would otherwise commit the runs and leave
+        them to the dispatcher loop, which claims them again and publishes them at about
+        two thirds of the speed: each tick after the first then fell due before the beat was
+        ready for it, and the beat took several ticks to catch up. Only the certain part is
+        claimed this way (:func:`.prepared.certain`); the tick that follows decides the rest.
+        Returns whether it ticked.
+        """
+        ahead = self._ahead
+        late = self._known_due is not None and self._known_due <= now
+        if ahead is None or not (late or self._first_look):
+            return False
+        self._first_look = False
+        try:
+            prepared, failed = ahead.run(now)
+        except Exception as exc:
+            self._failed("prepared tick", exc, now)
+            return False  # the regular tick does the work
+        if prepared is None:
+            return False
+        self._prepared_done(prepared, failed, now)
+        return True
+
+    def _prepared_done(self, prepared: TickResult, failed: bool, due: datetime) -> None:
+        """After a tick committed and published by :class:`~.ahead.AheadTicker`."""
         self._succeeded("prepared tick")
-        self._stale = self._runs_may_be_active = True  # the rest due at ``due`` is looked at now
+        # The rest due at ``due`` is looked at now, by a regular tick that sets the due time.
+        self._stale = self._runs_may_be_active = True
+        self._known_due = None
         self._log_tick(prepared)
         send_signals(on_ticked(prepared.outcomes, due))
         if failed and self._dispatch_loop is not None:
             self._dispatch_loop.wake()
-        return True
 
     def _reconcile(self) -> bool:
         """Once per lease taken: bring the schedule rows in line with ``beat_schedule``.
@@ -586,6 +622,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if event is LeaseEvent.GAINED:
             # Another beat's runs and changes made before this term: look at everything once.
             self._stale = self._runs_may_be_active = self._alerts_may_wait = True
+            self._first_look = True
             logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
