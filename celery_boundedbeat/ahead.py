@@ -17,6 +17,7 @@ from datetime import datetime
 
 from celery import Celery
 
+from .claims import Claimed
 from .dispatch import claim_margin
 from .prepared import PreparedTick, Resolve, prepare_tick
 from .publish import Publisher, Ready
@@ -58,6 +59,8 @@ class AheadTicker:
         #: one is expected to hold: the last preparation's, or more if a tick emitted more.
         self._per_run = ASSUMED_PER_RUN
         self._last_runs = 0
+        #: The committed rows being published now: their claims are given back if it is cut short.
+        self.in_flight: list[Claimed] = []
 
     @property
     def lead(self) -> float:
@@ -111,7 +114,28 @@ class AheadTicker:
             prepared.abandon()
             self._publisher.close()
             raise
-        return prepared.result, self._publish(prepared, ready, deadline)
+        self.in_flight = prepared.claimed
+        try:
+            failed = self._publish(prepared, ready, deadline)
+        except BaseException:
+            # Stopped between the commit and the end of the publish: give the rows back at
+            # once, so the next beat or dispatcher publishes them without waiting out the claim.
+            self.give_back()
+            raise
+        finally:
+            self.in_flight = []
+        return prepared.result, failed
+
+    def give_back(self) -> None:
+        """Release the claims of a publish that was interrupted (SIGTERM's handler runs in the
+        beat thread, in the middle of it); rows already marked published have left the queue."""
+        claimed, self.in_flight = self.in_flight, []
+        if not claimed:
+            return
+        try:
+            self.store.release_claims(self.claimer, claimed, "beat stopping")
+        except Exception:
+            logger.warning("celery_boundedbeat: could not give back a prepared tick's rows", exc_info=True)
 
     def _publish(self, prepared: PreparedTick, ready: dict[int, Ready], deadline: float) -> bool:
         done, error = self._publisher.publish(prepared.claimed, deadline=deadline, ready=ready)

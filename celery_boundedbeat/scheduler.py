@@ -653,6 +653,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         grace = self.settings.shutdown_grace if self._settings else 1.0
         if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
+        elif self._dispatcher is not None:
+            self._last_drain(self._dispatcher, grace)
         if self._retention_loop is not None and not self._retention_loop.stop(grace):
             logger.warning("celery_boundedbeat: retention did not stop within %g s; abandoning it", grace)
         if self._listener is not None:
@@ -665,6 +667,33 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             except Exception:
                 logger.debug("celery_boundedbeat: could not release the lease", exc_info=True)
         super().close()
+
+    def _last_drain(self, dispatcher: Dispatcher, grace: float) -> None:
+        """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
+
+        A tick committed just before SIGTERM would otherwise wait in the queue for the next
+        beat or dispatcher; Celery's SIGTERM handler calls this in the beat thread, possibly in
+        the middle of a prepared tick's publish, whose rows are given back and published here.
+        The drain runs in a daemon thread so a broker that hangs cannot hold the shutdown;
+        whatever it leaves stays queued, not lost. A beat that no longer holds the lease
+        publishes nothing (the dispatcher's ``may_run``).
+        """
+        stop = threading.Event()
+        ahead = self._ahead
+
+        def last() -> None:
+            if ahead is not None:
+                ahead.give_back()  # a prepared tick's publish cut short by the signal
+            dispatcher.drain(stop)
+
+        drain = threading.Thread(target=last, name="boundedbeat-last-drain", daemon=True)
+        drain.start()
+        drain.join(grace)
+        stop.set()  # a drain still going stops after its current batch
+        if drain.is_alive():
+            logger.warning(
+                "celery_boundedbeat: the last drain did not end within %g s; the rest stays queued", grace
+            )
 
     def sync(self) -> None:
         """Nothing to flush: every state change is already committed."""

@@ -276,3 +276,68 @@ def test_a_beat_behind_publishes_the_due_runs_itself_not_through_the_dispatcher_
         assert {r.scheduled_for for r in runs if r.id not in seen} == {due}
     finally:
         scheduler.close()
+
+
+def test_a_stopping_beat_publishes_the_runs_it_committed_before_it_exits(sqlite_url: str) -> None:
+    """Runs committed just before SIGTERM are published by the stopping beat, not left queued.
+
+    They used to wait in the queue for the next beat or dispatcher: a graceful stop right
+    after a tick left its runs ``queued``. The dispatcher loop is stopped first here, so only
+    the beat's last drain can publish them.
+    """
+    free = {"mode": "fixed_rate", "max_concurrency": 10}
+    names = [f"free{i}" for i in range(3)]
+    app = _app(
+        sqlite_url,
+        beat_schedule={n: {"task": f"proj.{n}", "schedule": 60, "options": {"policy": free}} for n in names},
+    )
+    scheduler = Scheduler(app)
+    closed = False
+    try:
+        assert scheduler._dispatch_loop is not None
+        assert scheduler._dispatch_loop.stop(grace=10)
+        scheduler.tick()
+        runs = scheduler.store.runs(limit=50)
+        assert len(runs) == len(names) and all(r.published_at is None for r in runs), runs
+        scheduler.close()
+        closed = True
+        runs = scheduler.store.runs(limit=50)
+        assert all(r.state == RunState.PUBLISHED for r in runs), [(r.schedule, r.state) for r in runs]
+    finally:
+        if not closed:
+            scheduler.close()
+
+
+@pytest.mark.postgres
+def test_sigterm_in_the_middle_of_a_prepared_publish_still_publishes_its_runs(postgres_url: str) -> None:
+    """Celery's SIGTERM handler closes the scheduler inside the beat thread, then raises SystemExit.
+
+    When that lands between a prepared tick's commit and the end of its publish, the runs
+    used to stay queued and claimed until the claim expired. Here the publish is cut short
+    exactly as the handler would: ``close()``, then ``SystemExit``.
+    """
+    free = {"mode": "fixed_rate", "max_concurrency": 10}
+    names = [f"free{i}" for i in range(3)]
+    app = _app(
+        postgres_url,
+        boundedbeat_auto_migrate=True,
+        boundedbeat_prepare_ahead=0.5,
+        beat_schedule={n: {"task": f"proj.{n}", "schedule": 60, "options": {"policy": free}} for n in names},
+    )
+    scheduler = Scheduler(app, max_interval=0.01)
+    ahead = scheduler._ahead
+    assert ahead is not None
+
+    def sigterm(*args: object, **kwargs: object) -> Any:
+        scheduler.close()
+        raise SystemExit()
+
+    ahead._publisher.publish = sigterm  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SystemExit):
+            scheduler.tick()  # the first look publishes its due runs as a prepared tick
+    finally:
+        scheduler.close()
+    runs = scheduler.store.runs(limit=50)
+    assert len(runs) == len(names)
+    assert all(r.state == RunState.PUBLISHED for r in runs), [(r.schedule, r.state) for r in runs]
