@@ -152,6 +152,7 @@ def record(self):
         time.sleep(max(0.0, frozen_at + 4.5 - time.monotonic()))  # past the 3 s claim
         second = _start_dispatcher(tmp_path, "fenceapp", "d2.log")
         _wait(lambda: _queue_depth(pg_engine) == 0, 60, "the second dispatcher to drain", logs)
+        reported_while_frozen = _ids(sent)
         os.killpg(first.pid, signal.SIGCONT)
         _wait(
             lambda: executions.exists() and len(set(executions.read_text().split())) == ROWS,
@@ -170,7 +171,14 @@ def record(self):
         worker_log.close()
     counts = collections.Counter(executions.read_text().split())
     doubled = {task_id: n for task_id, n in counts.items() if n > 1}
-    assert doubled == {}, f"{len(doubled)} runs executed more than once"
+    # The bound the README states: the one message whose publish the freeze interrupted (it is
+    # reported sent only after SIGCONT) goes out when the dispatcher resumes, after the second
+    # dispatcher sent it too. The fence is that nothing after it is sent.
+    in_flight = _ids(sent) - reported_while_frozen
+    assert len(in_flight) <= 1, f"the resumed dispatcher sent {len(in_flight)} messages past its claim"
+    assert set(doubled) <= in_flight and all(n == 2 for n in doubled.values()), (
+        f"{len(doubled)} runs executed more than once: {doubled}, in flight at the freeze: {in_flight}"
+    )
     assert set(counts) == set(ids)
     assert "paused past its claim" in (tmp_path / "d1.log").read_text(), (
         "the freeze did not land mid-batch; the test did not exercise the fence"
