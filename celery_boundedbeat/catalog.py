@@ -10,8 +10,7 @@ cost of a change is proportional to the change, not to the number of schedules:
   name at once get one schedule and one ``already_present``;
 - an update locks one row;
 - on PostgreSQL add, update and remove go to psycopg directly, an add or a remove as one
-  statement: a runtime change's CPU was mostly the ORM's. Their ``NOTIFY`` is the caller's,
-  after the commit (:meth:`~celery_boundedbeat.store.Store.announce`).
+  statement with its ``NOTIFY``: a runtime change's CPU was mostly the ORM's.
 
 Ownership (CONTRACT §8): config reconciling never changes, replaces or removes a runtime
 schedule; a name in both is left to the row already in the table, and logged.
@@ -210,16 +209,17 @@ def insert_runtime(s: Session, d: Definition, now: datetime, rng: random.Random,
     return s.execute(_insert_if_new(dialect), values).first() is not None
 
 
-def add_runtime_pg(conn: Any, d: Definition, now: datetime, rng: random.Random) -> bool:
-    """The common add on PostgreSQL in one statement: insert, if the name is new.
+def add_runtime_pg(conn: Any, d: Definition, now: datetime, rng: random.Random, channel: str) -> bool:
+    """The common add on PostgreSQL in one statement: insert and notify, if the name is new.
 
-    Sent to psycopg (``conn``) directly: the ORM's probe and insert cost more CPU
+    Sent to psycopg (``conn``) directly: the ORM's probe, insert and notify cost more CPU
     than the database's work. It only adds a name that is free and has no runs yet (a new
     grid must not repeat an old run's time); False means "not decided here", and the caller
     goes the general way of :func:`insert_runtime`.
     """
     values = fresh_values(d, now, rng, origin=RUNTIME, last_run_at=None)
     params = {c: json.dumps(values[c]) if c in JSON_COLUMNS else values[c] for c in COLUMNS}
+    params["channel"] = channel
     with conn.cursor() as cur:
         cur.execute(_pg_add(), params)
         return cur.fetchone() is not None
@@ -245,21 +245,21 @@ def _pg_add() -> str:
         f"WITH added AS (INSERT INTO {TABLE.name} ({columns}) SELECT {casts} "
         f"WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE schedule = %(name)s) "
         "ON CONFLICT DO NOTHING RETURNING name) "
-        "SELECT name FROM added"
+        "SELECT pg_notify(%(channel)s, name) FROM added"
     )
 
 
-def remove_runtime_pg(conn: Any, name: str) -> bool:
-    """Delete runtime schedule ``name`` in one statement; False: nothing deleted
+def remove_runtime_pg(conn: Any, name: str, channel: str) -> bool:
+    """Delete runtime schedule ``name`` and notify, in one statement; False: nothing deleted
     (an unknown name or a config schedule, which the caller tells apart and reports)."""
     with conn.cursor() as cur:
-        cur.execute(_PG_REMOVE, {"name": name, "origin": RUNTIME})
+        cur.execute(_PG_REMOVE, {"name": name, "origin": RUNTIME, "channel": channel})
         return cur.fetchone() is not None
 
 
 _PG_REMOVE = (
     f"WITH gone AS (DELETE FROM {TABLE.name} WHERE name = %(name)s AND origin = %(origin)s "
-    "RETURNING name) SELECT name FROM gone"
+    "RETURNING name) SELECT pg_notify(%(channel)s, name) FROM gone"
 )
 
 
@@ -328,8 +328,9 @@ def update_runtime_pg(
     revise: Callable[[ScheduleRow], Definition],
     now: datetime,
     rng: random.Random,
+    channel: str,
 ) -> bool:
-    """:func:`update_runtime` on a psycopg connection (PostgreSQL).
+    """:func:`update_runtime` and its notification on a psycopg connection (PostgreSQL).
 
     The ORM's session and statements cost more CPU than the change itself. (psycopg's
     pipeline mode saved no time here and cost CPU, so the statements go one by one.)
@@ -341,7 +342,9 @@ def update_runtime_pg(
         (newest,) = cur.fetchone()
     if not _revised(_runtime(held, name), name, revise, now, rng, newest and newest.astimezone(UTC)):
         return False
-    write_changed_driver(conn, held)
+    with conn.cursor() as cur:
+        write_changed_driver(conn, held)
+        cur.execute("SELECT pg_notify(%(c)s, %(p)s)", {"c": channel, "p": name})
     return True
 
 

@@ -82,9 +82,6 @@ logger = logging.getLogger("celery_boundedbeat")
 #: a schedule's definition was added, changed or removed (payload: its name).
 QUEUE_CHANNEL = "boundedbeat_queue"
 SCHEDULES_CHANNEL = "boundedbeat_schedules"
-#: :meth:`Store.announce`'s statement: ``set_config(..., true)`` lasts to the end of the
-#: statement's own transaction, so only the notification skips the wait for its flush.
-_ANNOUNCE = "SELECT set_config('synchronous_commit', 'off', true), pg_notify(%(c)s, %(p)s)"
 
 #: The error of an active run settled ``revoked`` by ``remove_schedule(revoke_active=True)``.
 REMOVED_WITH_REVOKE = "revoked: its schedule was removed (remove_schedule revoke_active)"
@@ -289,28 +286,6 @@ class Store(RunLife):
         except psycopg.Error as exc:
             raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
 
-    def announce(self, channel: str, payload: str = "") -> None:
-        """NOTIFY after a change committed, in a transaction of its own that does not wait
-        for its WAL flush.
-
-        PostgreSQL lets one transaction that notifies commit at a time (it holds a lock on its
-        notification queue through the commit's WAL flush), so a NOTIFY inside the change's
-        own transaction made every runtime change and the beat's tick commit one by one
-        instead of sharing a flush. The change is durable before this is sent. A notification
-        that fails or is lost in a crash only delays the pickup: listeners look at everything
-        when they reconnect, and beat looks at every row once a minute. So a failure here is
-        logged, never raised: the caller's change did commit.
-        """
-        if not self.is_postgres:
-            return
-        try:
-            with self._driver() as conn, conn.cursor() as cur:
-                cur.execute(_ANNOUNCE, {"c": channel, "p": payload})
-        except Exception:
-            logger.warning(
-                "celery_boundedbeat: could not notify %s; listeners catch up later", channel, exc_info=True
-            )
-
     def _notify(self, session: Session, channel: str, payload: str = "") -> None:
         if self.is_postgres:
             with driver_cursor(session) as cur:  # the ORM's statement path cost more than the call
@@ -331,16 +306,15 @@ class Store(RunLife):
 
         On PostgreSQL a new name without runs is one statement (:func:`~.catalog.add_runtime_pg`).
         """
-        added = False
         if self.is_postgres:
             with self._driver() as driver:
-                added = add_runtime_pg(driver, definition, now, rng)
-        if not added:
-            with self.session() as s:
-                added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
-        if added:
-            self.announce(SCHEDULES_CHANNEL, definition.name)
-        return added
+                if add_runtime_pg(driver, definition, now, rng, SCHEDULES_CHANNEL):
+                    return True
+        with self.session() as s:
+            added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
+            if added:
+                self._notify(s, SCHEDULES_CHANNEL, definition.name)
+            return added
 
     def update_schedule(
         self, name: str, revise: Callable[[ScheduleRow], Definition], now: datetime, rng: random.Random
@@ -348,12 +322,11 @@ class Store(RunLife):
         """Change a runtime schedule to ``revise(row)``'s definition (:func:`~.catalog.update_runtime`)."""
         if self.is_postgres:
             with self._driver() as driver:
-                changed = update_runtime_pg(driver, name, revise, now, rng)
-        else:
-            with self.session() as s:
-                changed = update_runtime(s, name, revise, now, rng)
-        if changed:
-            self.announce(SCHEDULES_CHANNEL, name)
+                update_runtime_pg(driver, name, revise, now, rng, SCHEDULES_CHANNEL)
+            return
+        with self.session() as s:
+            if update_runtime(s, name, revise, now, rng):
+                self._notify(s, SCHEDULES_CHANNEL, name)
 
     def remove_schedule(self, name: str, now: datetime, *, revoke_active: bool) -> list[str] | None:
         """Delete a runtime schedule (its runs stay); ``None`` when there is none of that name.
@@ -364,10 +337,8 @@ class Store(RunLife):
         """
         if self.is_postgres and not revoke_active:
             with self._driver() as driver:
-                removed = remove_runtime_pg(driver, name)
-            if removed:
-                self.announce(SCHEDULES_CHANNEL, name)
-                return []
+                if remove_runtime_pg(driver, name, SCHEDULES_CHANNEL):
+                    return []
         with self.session() as s:
             try:
                 runtime_row(s, name)
@@ -382,8 +353,8 @@ class Store(RunLife):
                     if self.settle_in(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
                         revoked.append(run_id)
             s.execute(delete(ScheduleRow).where(ScheduleRow.name == name))
-        self.announce(SCHEDULES_CHANNEL, name)
-        return revoked
+            self._notify(s, SCHEDULES_CHANNEL, name)
+            return revoked
 
     def tick(
         self,
@@ -435,9 +406,8 @@ class Store(RunLife):
             insert_many(s, cast(Table, RunRow.__table__), run_rows)
             if queue_rows:
                 insert_many(s, cast(Table, QueueRow.__table__), queue_rows)
+                self._notify(s, QUEUE_CHANNEL)
             result.next_due_at = self._next_due(s)
-        if queue_rows:  # for dispatchers in other processes (beat's own is woken directly)
-            self.announce(QUEUE_CHANNEL)
         return result
 
     def _write_backfilled(

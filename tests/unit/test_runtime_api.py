@@ -655,30 +655,6 @@ def test_each_change_notifies_the_schedules_channel_with_its_name(
     assert notified(listener) == ["x"]
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_a_notification_that_fails_leaves_each_committed_change_in_place(
-    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The NOTIFY is sent after the change commits: its failure is a warning, never the caller's error.
-
-    It used to be part of the change's own transaction, so every notifying commit waited for
-    the one before it to flush; now a refused notification must not undo or hide the change.
-    """
-    import celery_boundedbeat.store as store_module
-
-    monkeypatch.setattr(store_module, "_ANNOUNCE", "SELECT pg_notify(%(c)s)")  # no such function
-    with caplog.at_level(logging.WARNING, logger="celery_boundedbeat"):
-        assert add_schedule(app, "x", "proj.t", 10) == "scheduled"
-        assert row(store, "x").task == "proj.t"
-        update_schedule(app, "x", args=[1])
-        assert raw_row(store, "x")["args"] == [1]
-        assert remove_schedule(app, "x")
-    assert store.schedules(["x"]) == []
-    warned = [r for r in caplog.records if "could not notify" in r.getMessage()]
-    assert len(warned) == 3, [r.getMessage() for r in caplog.records]
-
-
 def test_a_beat_never_runs_a_re_added_schedule_from_the_removed_ones_copy(app: Celery, store: Store) -> None:
     """Removed and added again (version 1 both times) with another period, the resolver rebuilds it."""
     resolve = Resolver(app, {})
