@@ -25,6 +25,14 @@ def _app(url: str, **conf: object) -> Celery:
     return app
 
 
+def _free_app(url: str, count: int, period: float, **conf: object) -> tuple[Celery, list[str]]:
+    """``count`` schedules with room for every run (``fixed_rate``), so every due tick emits."""
+    free = {"mode": "fixed_rate", "max_concurrency": 10}
+    names = [f"free{i}" for i in range(count)]
+    schedule = {n: {"task": f"proj.{n}", "schedule": period, "options": {"policy": free}} for n in names}
+    return _app(url, beat_schedule=schedule, **conf), names
+
+
 def test_the_lazy_banner_scheduler_does_no_io_and_hides_the_password() -> None:
     """Celery's lazy banner scheduler touches no database and never prints the password."""
     app = _app("postgresql+psycopg://bob:s3cr3t@127.0.0.1:1/nowhere")
@@ -247,14 +255,7 @@ def test_a_beat_behind_publishes_the_due_runs_itself_not_through_the_dispatcher_
     due took several ticks to catch up. The dispatcher loop is stopped here, so a run is
     published only if the tick itself published it.
     """
-    free = {"mode": "fixed_rate", "max_concurrency": 10}
-    names = [f"free{i}" for i in range(5)]
-    app = _app(
-        postgres_url,
-        boundedbeat_auto_migrate=True,
-        boundedbeat_prepare_ahead=0.5,
-        beat_schedule={n: {"task": f"proj.{n}", "schedule": 1.5, "options": {"policy": free}} for n in names},
-    )
+    app, names = _free_app(postgres_url, 5, 1.5, boundedbeat_auto_migrate=True, boundedbeat_prepare_ahead=0.5)
     # A beat wait shorter than any lead: the next tick is never prepared ahead, only found late.
     scheduler = Scheduler(app, max_interval=0.01)
     try:
@@ -285,12 +286,7 @@ def test_a_stopping_beat_publishes_the_runs_it_committed_before_it_exits(sqlite_
     after a tick left its runs ``queued``. The dispatcher loop is stopped first here, so only
     the beat's last drain can publish them.
     """
-    free = {"mode": "fixed_rate", "max_concurrency": 10}
-    names = [f"free{i}" for i in range(3)]
-    app = _app(
-        sqlite_url,
-        beat_schedule={n: {"task": f"proj.{n}", "schedule": 60, "options": {"policy": free}} for n in names},
-    )
+    app, names = _free_app(sqlite_url, 3, 60)
     scheduler = Scheduler(app)
     closed = False
     try:
@@ -316,14 +312,7 @@ def test_sigterm_in_the_middle_of_a_prepared_publish_still_publishes_its_runs(po
     used to stay queued and claimed until the claim expired. Here the publish is cut short
     exactly as the handler would: ``close()``, then ``SystemExit``.
     """
-    free = {"mode": "fixed_rate", "max_concurrency": 10}
-    names = [f"free{i}" for i in range(3)]
-    app = _app(
-        postgres_url,
-        boundedbeat_auto_migrate=True,
-        boundedbeat_prepare_ahead=0.5,
-        beat_schedule={n: {"task": f"proj.{n}", "schedule": 60, "options": {"policy": free}} for n in names},
-    )
+    app, names = _free_app(postgres_url, 3, 60, boundedbeat_auto_migrate=True, boundedbeat_prepare_ahead=0.5)
     scheduler = Scheduler(app, max_interval=0.01)
     ahead = scheduler._ahead
     assert ahead is not None
