@@ -77,17 +77,26 @@ def error_text(exc: BaseException | None) -> str:
     return clip_error(f"{type(exc).__name__}: {exc}")
 
 
-def error_with_traceback(exc: BaseException | None, tb: TracebackType | None = None) -> str:
+def error_with_traceback(exc: BaseException | None, tb: TracebackType | str | None = None) -> str:
     """``Type: message``, then the traceback, cut to what a row keeps.
 
     The first line stays the one-line summary lists and the CLI show; when the whole text is
-    too long, the traceback's middle goes, since its last frames say where it raised.
+    too long, the traceback's middle goes, since its last frames say where it raised. A prefork
+    parent hands ``task_failure`` the traceback already formatted (billiard's ``ExceptionInfo``),
+    so text is kept as it came.
     """
     head = error_text(exc)
-    tb = tb if tb is not None else getattr(exc, "__traceback__", None)
-    if exc is None or tb is None:
+    if exc is None:
         return head
-    body = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    if isinstance(tb, str):
+        body = tb.rstrip()
+    else:
+        frames = tb if isinstance(tb, TracebackType) else getattr(exc, "__traceback__", None)
+        if frames is None:
+            return head
+        body = "".join(traceback.format_exception(type(exc), exc, frames)).rstrip()
+    if not body:
+        return head
     room = MAX_ERROR_CHARS - len(head) - len(TRACEBACK_CUT) - 2
     if len(body) > room:
         body = TRACEBACK_CUT + body[-max(room, 0) :]

@@ -98,8 +98,15 @@ def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None,
     tracker.started(run_id, request.hostname or socket.gethostname(), _time_limit(request))
 
 
+#: Seconds past a run's hard time limit before the reaper calls it timed out. Prefork kills the
+#: child at the hard limit and reports it from the parent; the reaper waits this long so that
+#: report (``TimeLimitExceeded`` with its traceback) is the one kept, not the reaper's.
+POOL_REPORT_GRACE = 1.0
+
+
 def _time_limit(request: Any) -> float | None:
-    """Seconds after its start when a run is past saving: its hard time limit, else ``max_run_time``.
+    """Seconds after its start when a run is past saving: its hard time limit (plus the pool's
+    turn to report it), else ``max_run_time``.
 
     The reaper settles a run still active then as ``timed_out``; until then the pool's own soft
     limit (the task may clean up) and hard limit (prefork kills the child) have their turn.
@@ -107,7 +114,7 @@ def _time_limit(request: Any) -> float | None:
     limits = getattr(request, "timelimit", None) or (None, None)
     hard = limits[0] if isinstance(limits, list | tuple) and limits else None
     if hard:
-        return float(hard)
+        return float(hard) + POOL_REPORT_GRACE
     max_run_time = request.get(MAX_RUN_TIME_HEADER) if hasattr(request, "get") else None
     return float(max_run_time) if max_run_time else None
 
@@ -146,7 +153,7 @@ def _on_failure(
     sender: Any = None,
     task_id: str | None = None,
     exception: BaseException | None = None,
-    traceback: TracebackType | None = None,
+    traceback: TracebackType | str | None = None,
     **_: Any,
 ) -> None:
     # In a prefork parent (hard time limit, a child that died) the task has no request

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from billiard.exceptions import TimeLimitExceeded
+
 from celery_boundedbeat.messages import MAX_ERROR_CHARS, TRACEBACK_CUT, error_with_traceback
 
 
@@ -42,3 +44,17 @@ def test_without_a_traceback_only_the_summary_is_kept() -> None:
     """An exception that was never raised (or none at all) gives the summary line alone."""
     assert error_with_traceback(ValueError("boom")) == "ValueError: boom"
     assert error_with_traceback(None) == "unknown error"
+
+
+def test_a_traceback_handed_over_as_text_is_kept_as_text() -> None:
+    """A prefork parent's ``task_failure`` (a hard time limit) carries the traceback formatted."""
+    formatted = (
+        "Traceback (most recent call last):\n"
+        '  File "billiard/pool.py", line 745, in on_hard_timeout\n'
+        "    raise TimeLimitExceeded(job._timeout)\n"
+        "billiard.exceptions.TimeLimitExceeded: TimeLimitExceeded(3.0,)\n"
+    )
+    text = error_with_traceback(TimeLimitExceeded(3.0), formatted)
+    summary, _, rest = text.partition("\n\n")
+    assert summary == "TimeLimitExceeded: TimeLimitExceeded(3.0,)"
+    assert rest == formatted.rstrip()
