@@ -899,7 +899,9 @@ def scenario_ticks(ctx: Context) -> dict[str, Any]:
 # -- scenario 4: changes while 1,000 runs per second come due -----------------------------------------------
 
 
-def change_client(idx: int, url: str, commands: mp.Queue[Any], results: mp.Queue[Any]) -> None:
+def change_client(
+    idx: int, url: str, commands: mp.Queue[Any], results: mp.Queue[Any], nice: bool = False
+) -> None:
     """A process making changes through the public API, at a paced rate, until told to stop.
 
     Each name goes add (due at once: its first run is the add's effect) -> 3 s later update
@@ -907,7 +909,12 @@ def change_client(idx: int, url: str, commands: mp.Queue[Any], results: mp.Queue
     -> 3 s later remove (no run of it may be enqueued after the remove returned). Their policy
     lets runs overlap: with no worker the add's run never ends, and under the default
     ``fixed_rate_no_overlap`` the update's run would be skipped as busy.
+
+    ``nice``: at the lowest CPU priority, as if the application making the changes ran on
+    other machines; the PostgreSQL work of each change still shares the beat's cores.
     """
+    if nice:
+        os.nice(19)
     app = bench_app(url, "unused")
     remove_schedule(app, f"chg-warmup-{idx}")  # connect
     results.put(("ready", idx))
@@ -1010,6 +1017,7 @@ def scenario_changes(ctx: Context) -> dict[str, Any]:
         "load_schedules": sz.load,
         "load_period_s": 1.0,
         "dispatch": "off (runs measured in the runs table)",
+        "clients_niced": ctx.nice_clients,
     }
     try:
         url = PG.format(db=db)
@@ -1043,7 +1051,9 @@ def scenario_changes(ctx: Context) -> dict[str, Any]:
         results: mp.Queue[Any] = spawn.Queue()
         for idx in range(sz.clients):
             q: mp.Queue[Any] = spawn.Queue()
-            p = spawn.Process(target=change_client, args=(idx, url, q, results), daemon=True)
+            p = spawn.Process(
+                target=change_client, args=(idx, url, q, results, ctx.nice_clients), daemon=True
+            )
             p.start()
             clients.append(p)
             commands.append(q)
@@ -1177,6 +1187,7 @@ class Context:
     admin: psycopg.Connection[Any]
     tmp: Path
     profile: Path | None
+    nice_clients: bool = False
 
 
 def fmt(value: Any, unit: str = "", digits: int = 1) -> str:
@@ -1295,7 +1306,9 @@ def table(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if r4:
         ch, every = r4["changes"], r4["no_changes_all"]
         add(
-            f"4 changes, {r4['load_schedules']:,} runs/s due: asked {ch['changes_asked_per_s']}/s, sustained",
+            f"4 changes, {r4['load_schedules']:,} runs/s due"
+            + (" (clients niced)" if r4.get("clients_niced") else "")
+            + f": asked {ch['changes_asked_per_s']}/s, sustained",
             fmt(ch["changes_per_s"], "/s", 0),
             f"{ch['changes_asked_per_s']}/s",
             ch["changes_per_s"] / ch["changes_asked_per_s"],
@@ -1392,6 +1405,11 @@ def main() -> None:
     parser.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 1,3")
     parser.add_argument("--json", default=None, help="where to write the results (default: a temp file)")
     parser.add_argument("--profile", default=None, help="directory for py-spy / pyinstrument profiles")
+    parser.add_argument(
+        "--nice-clients",
+        action="store_true",
+        help="scenario 4: run the change clients at the lowest CPU priority (as if on other machines)",
+    )
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
     tmp = Path(tempfile.mkdtemp(prefix="bb_scale_"))
@@ -1401,7 +1419,13 @@ def main() -> None:
         else Path(tempfile.gettempdir()) / f"boundedbeat-scale-{time.strftime('%Y%m%d-%H%M%S')}.json"
     )
     with admin_connection() as admin:
-        ctx = Context(sizes=sizes, admin=admin, tmp=tmp, profile=Path(args.profile) if args.profile else None)
+        ctx = Context(
+            sizes=sizes,
+            admin=admin,
+            tmp=tmp,
+            profile=Path(args.profile) if args.profile else None,
+            nice_clients=args.nice_clients,
+        )
         results: dict[str, Any] = {
             "machine": machine(admin),
             "sizes": dataclasses.asdict(sizes),
