@@ -1,4 +1,5 @@
-"""Rows inserted by ``insert_many`` read back exactly as the ORM's Core insert writes them.
+"""Rows inserted by ``insert_many`` (and, on PostgreSQL, ``insert_document``) read back exactly
+as the ORM's Core insert writes them.
 
 On PostgreSQL it is a ``COPY`` that bypasses SQLAlchemy's type processing, so the bindings the
 ORM would do must match to the SQL value: JSON as JSON (``None`` as JSON ``null``), datetimes
@@ -14,7 +15,8 @@ import pytest
 from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
-from celery_boundedbeat.bulk import CHUNK, insert_many
+from celery_boundedbeat.bulk import CHUNK, insert_document, insert_many
+from celery_boundedbeat.held import driver_cursor
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.schema import QueueRow
@@ -111,3 +113,40 @@ def test_rows_with_other_columns_are_refused_on_postgres(postgres_url: str) -> N
             assert s.scalar(select(func.count()).select_from(QueueRow)) == 0
     finally:
         dispose_all()
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> Any:
+    engine = get_engine(postgres_url)
+    upgrade(engine)
+    yield Store(engine)
+    dispose_all()
+
+
+@pytest.mark.postgres
+def test_a_document_insert_reads_back_as_the_core_insert_writes_it(pg_store: Store) -> None:
+    """The tick's rows travel as one JSON document: JSON, odd text and offsets must survive it."""
+    with pg_store.session() as s:
+        s.execute(insert(QUEUE), [row("by-core")])
+        with driver_cursor(s) as cur:
+            insert_document(cur, QUEUE, [row("by-doc"), row("by-doc-2", args=None, kwargs={})])
+    core, doc = read_back(pg_store, "by-core"), read_back(pg_store, "by-doc")
+    assert doc[1:] == core[1:]
+    assert doc[5] == datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert read_back(pg_store, "by-doc-2")[2:4] == ("null", "{}")  # JSON null, not SQL NULL
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("bad", ["naive", "short"])
+def test_a_document_insert_refuses_a_bad_row_and_writes_nothing(pg_store: Store, bad: str) -> None:
+    odd = row(bad, due_at=datetime(2030, 1, 1)) if bad == "naive" else row(bad)
+    if bad == "short":
+        del odd["claimed_by"]
+    with (
+        pytest.raises(ValueError, match="timezone-aware" if bad == "naive" else "every row of one insert"),
+        pg_store.session() as s,
+        driver_cursor(s) as cur,
+    ):
+        insert_document(cur, QUEUE, [row("fine"), odd])
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(QueueRow)) == 0
