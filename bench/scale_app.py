@@ -13,6 +13,7 @@ they change nothing in how beat runs:
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -48,6 +49,21 @@ def config_entries(n: int, kind: str, lead: float) -> dict[str, dict[str, Any]]:
     }
 
 
+_gc_started = 0.0
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    """A collection of the oldest generation: ``gc <unix time> <seconds>`` (a pause of every thread)."""
+    global _gc_started
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        _gc_started = time.time()
+    else:
+        mark("gc", f"{_gc_started:.6f}", f"{time.time() - _gc_started:.6f}")
+
+
+gc.callbacks.append(_on_gc)
 mark("imported", f"{IMPORTED_AT:.6f}")
 app = Celery("scale_app", broker=os.environ["BENCH_BROKER"])
 app.conf.update(

@@ -40,6 +40,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +397,10 @@ class Beat:
             if a <= float(start) < b:
                 out.append((float(start), float(took), int(emitted), int(handled)))
         return out
+
+    def pauses(self, a: float, b: float) -> list[float]:
+        """Seconds of each collection of the oldest generation started in ``[a, b)``."""
+        return [float(took) for start, took in self.events("gc") if a <= float(start) < b]
 
     def memory(self) -> dict[str, float]:
         return proc_memory(self.pid)
@@ -1083,6 +1088,11 @@ def scenario_changes(ctx: Context) -> dict[str, Any]:
             res["ticks_per_s"] = len(ticks) / w
             res["tick_transaction_ms"] = dist([t[1] * 1000 for t in ticks])
             res["rows_per_tick"] = statistics.mean(t[3] for t in ticks) if ticks else 0
+            # Time between one tick transaction's end and the next one's start: the beat's
+            # other work, or a pause of its process (the oldest generation's collections).
+            res["tick_gap_ms"] = dist([(b[0] - a[0] - a[1]) * 1000 for a, b in pairwise(ticks)])
+            pauses = running.pauses(a, a + w)
+            res["gc_pauses"] = {"n": len(pauses), "max_ms": max(pauses, default=0.0) * 1000}
             res["runs_emitted_per_s"] = sum(t[2] for t in ticks) / w
             drift = drift_of(engine, "load-%", a, a + w)
             drifts[label] = drift
