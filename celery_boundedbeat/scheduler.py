@@ -23,6 +23,7 @@ workers can first write the outcomes they kept.
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import threading
@@ -71,6 +72,19 @@ FULL_LOOK_EVERY = 60.0
 EX_CONFIG = 78
 #: Exit status when the database cannot be reached at start (EX_UNAVAILABLE).
 EX_UNAVAILABLE = 69
+
+
+def freeze_startup_heap() -> None:
+    """Keep what start-up built (Celery, the drivers, the app, the engine) out of full collections.
+
+    A full collection walks every object the collector tracks, holding the GIL all along. Under
+    a thousand schedule changes a second the beat ran one every several seconds, 90-120 ms each
+    on a busy two-core machine, and every run due meanwhile waited as long. What start-up built
+    lives as long as the process: walking it again never frees anything. Collected first, so
+    no garbage is frozen with it.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
@@ -214,6 +228,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 refresh_interval=settings.metrics_refresh_interval,
                 leader=self._lease.acting,
             )
+        freeze_startup_heap()
 
     @staticmethod
     def _prepare_database(url: str, auto_migrate: bool) -> Engine:
