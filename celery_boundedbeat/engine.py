@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import DisconnectionError, NoSuchModuleError
 
 from .exceptions import ConfigurationError
 from .redact import mask_url, scrub
 
 _engines: dict[tuple[int, str], Engine] = {}
 _lock = threading.Lock()
+
+#: Seconds a pooled PostgreSQL connection may have been idle and still be handed out unpinged.
+PING_WHEN_IDLE_FOR = 1.0
 
 
 def normalize_url(url: str) -> URL:
@@ -42,6 +46,39 @@ def _sqlite_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection before handing it out only if it sat idle ``PING_WHEN_IDLE_FOR``.
+
+    SQLAlchemy's ``pool_pre_ping`` pings at every checkout: two round trips (``BEGIN``,
+    ``SELECT 1``) before each transaction, a third of a tick's and of a schedule change's. A
+    connection used a moment ago is as alive as a ping would find it; one found dead anyway
+    fails its transaction as a server lost mid-transaction does, and the pool reconnects.
+    The ping here is one round trip outside any transaction.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connected(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", 0.0) < PING_WHEN_IDLE_FOR:
+            return
+        from psycopg import pq
+
+        try:
+            result = dbapi_conn.pgconn.exec_(b"SELECT 1")
+        except Exception as exc:  # a closed connection: libpq says so
+            raise DisconnectionError(str(exc)) from exc
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            raise DisconnectionError(f"ping: {pq.ExecStatus(result.status).name}")
+
+
 def _refused(url: str, what: str, detail: str) -> ConfigurationError:
     """An unusable URL as the configuration error it is (never "unreachable"), password masked."""
     reason = f"{what} ({mask_url(url)}): {scrub(detail, url)}"
@@ -66,9 +103,10 @@ def _create(url: str) -> Engine:
             return engine
         # A database that drops packets must not hang beat or a worker forever, and a
         # frozen leader must not keep schedule rows locked: bound both on the server.
-        return create_engine(
+        idle_ping = parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg"
+        engine = create_engine(
             parsed,
-            pool_pre_ping=True,
+            pool_pre_ping=not idle_ping,
             pool_size=5,
             max_overflow=5,
             connect_args={
@@ -76,6 +114,9 @@ def _create(url: str) -> Engine:
                 "options": "-c idle_in_transaction_session_timeout=60000",
             },
         )
+        if idle_ping:
+            _ping_when_idle(engine)
+        return engine
     except (NoSuchModuleError, ImportError) as exc:
         detail = f"{type(exc).__name__}: {exc}"
         raise _refused(url, "no SQLAlchemy dialect or driver installed for it", detail) from None

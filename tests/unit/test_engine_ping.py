@@ -1,0 +1,71 @@
+"""PostgreSQL connections are pinged before use only after sitting idle (``PING_WHEN_IDLE_FOR``).
+
+A ping at every checkout was two round trips before each tick and each schedule change. A
+connection idle longer than the window is still pinged, so one the server dropped meanwhile
+(a restart, an idle timeout) is replaced before any statement sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
+
+from celery_boundedbeat import engine as engines
+from celery_boundedbeat.engine import dispose_all, get_engine
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Iterator[Engine]:
+    engine = get_engine(postgres_url)
+    try:
+        yield engine
+    finally:
+        dispose_all()
+
+
+def backend_pid(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text("SELECT pg_backend_pid()")) or 0)
+
+
+def terminate(engine: Engine, pid: int) -> None:
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
+    pg: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = backend_pid(pg)
+    terminate(pg, first)
+    monkeypatch.setattr(engines, "PING_WHEN_IDLE_FOR", 0.0)  # as if it sat idle a while
+    assert backend_pid(pg) not in (0, first), "the dead connection was pinged and replaced"
+
+
+def test_a_connection_used_a_moment_ago_is_handed_out_without_a_ping(pg: Engine) -> None:
+    """The trade made: a connection dropped within the window fails its next transaction (as a
+    server lost mid-transaction does), and the pool reconnects for the one after."""
+    first = backend_pid(pg)
+    terminate(pg, first)
+    with pytest.raises(OperationalError):
+        backend_pid(pg)
+    assert backend_pid(pg) not in (0, first)
+
+
+def test_the_ping_opens_no_transaction(pg: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLAlchemy's ``pool_pre_ping`` left a ``BEGIN`` behind its ``SELECT 1``; this ping is one
+    round trip outside any transaction, so the transaction that follows starts clean."""
+    backend_pid(pg)
+    monkeypatch.setattr(engines, "PING_WHEN_IDLE_FOR", 0.0)
+    with pg.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert conn.scalar(text("SELECT 1")) == 1
