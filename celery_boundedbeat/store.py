@@ -279,13 +279,21 @@ class Store(RunLife):
             yield session
 
     @contextmanager
-    def _driver(self) -> Iterator[Any]:
+    def _driver(self, *, one_statement: bool = False) -> Iterator[Any]:
         """A psycopg connection in a transaction of its own (PostgreSQL), for the statements
         the ORM made cost more than they do; the driver's errors come out as SQLAlchemy's
-        (``sqlalchemy.exc.OperationalError`` and so on), as from every other call."""
+        (``sqlalchemy.exc.OperationalError`` and so on), as from every other call.
+
+        ``one_statement``: the caller sends a single statement, a transaction by itself, so
+        it goes in autocommit: one round trip where ``BEGIN``, it and ``COMMIT`` were three.
+        """
         import psycopg
 
         try:
+            if one_statement:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    yield conn.connection.driver_connection
+                return
             with self.engine.begin() as conn:
                 yield conn.connection.driver_connection
         except psycopg.Error as exc:
@@ -312,7 +320,7 @@ class Store(RunLife):
         On PostgreSQL a new name without runs is one statement (:func:`~.catalog.add_runtime_pg`).
         """
         if self.is_postgres:
-            with self._driver() as driver:
+            with self._driver(one_statement=True) as driver:
                 if add_runtime_pg(driver, definition, now, rng, SCHEDULES_CHANNEL):
                     return True
         with self.session() as s:
@@ -341,7 +349,7 @@ class Store(RunLife):
         On PostgreSQL, without it, a runtime schedule's removal is one statement.
         """
         if self.is_postgres and not revoke_active:
-            with self._driver() as driver:
+            with self._driver(one_statement=True) as driver:
                 if remove_runtime_pg(driver, name, SCHEDULES_CHANNEL):
                     return []
         with self.session() as s:
