@@ -8,6 +8,7 @@ in any offset as the same instant, text with the characters ``COPY`` escapes kep
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 
@@ -16,8 +17,8 @@ from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
 from celery_boundedbeat.bulk import CHUNK, insert_document, insert_many
-from celery_boundedbeat.held import driver_cursor
 from celery_boundedbeat.engine import dispose_all, get_engine
+from celery_boundedbeat.held import driver_cursor
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.schema import QueueRow
 from celery_boundedbeat.store import Store
@@ -116,7 +117,7 @@ def test_rows_with_other_columns_are_refused_on_postgres(postgres_url: str) -> N
 
 
 @pytest.fixture
-def pg_store(postgres_url: str) -> Any:
+def pg_store(postgres_url: str) -> Iterator[Store]:
     engine = get_engine(postgres_url)
     upgrade(engine)
     yield Store(engine)
