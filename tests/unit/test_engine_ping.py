@@ -7,26 +7,20 @@ connection idle longer than the window is still pinged, so one the server droppe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat import engine as engines
-from celery_boundedbeat.engine import dispose_all, get_engine
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def pg(postgres_url: str) -> Iterator[Engine]:
-    engine = get_engine(postgres_url)
-    try:
-        yield engine
-    finally:
-        dispose_all()
+def db_url(postgres_url: str) -> str:
+    """PostgreSQL only (for the shared ``engine`` fixture): the idle ping is psycopg's."""
+    return postgres_url
 
 
 def backend_pid(engine: Engine) -> int:
@@ -41,30 +35,30 @@ def terminate(engine: Engine, pid: int) -> None:
 
 
 def test_an_idle_connection_the_server_dropped_is_replaced_before_use(
-    pg: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = backend_pid(pg)
-    terminate(pg, first)
+    first = backend_pid(engine)
+    terminate(engine, first)
     monkeypatch.setattr(engines, "PING_WHEN_IDLE_FOR", 0.0)  # as if it sat idle a while
-    assert backend_pid(pg) not in (0, first), "the dead connection was pinged and replaced"
+    assert backend_pid(engine) not in (0, first), "the dead connection was pinged and replaced"
 
 
-def test_a_connection_used_a_moment_ago_is_handed_out_without_a_ping(pg: Engine) -> None:
+def test_a_connection_used_a_moment_ago_is_handed_out_without_a_ping(engine: Engine) -> None:
     """The trade made: a connection dropped within the window fails its next transaction (as a
     server lost mid-transaction does), and the pool reconnects for the one after."""
-    first = backend_pid(pg)
-    terminate(pg, first)
+    first = backend_pid(engine)
+    terminate(engine, first)
     with pytest.raises(OperationalError):
-        backend_pid(pg)
-    assert backend_pid(pg) not in (0, first)
+        backend_pid(engine)
+    assert backend_pid(engine) not in (0, first)
 
 
-def test_the_ping_opens_no_transaction(pg: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ping_opens_no_transaction(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLAlchemy's ``pool_pre_ping`` left a ``BEGIN`` behind its ``SELECT 1``; this ping is one
     round trip outside any transaction, so the transaction that follows starts clean."""
-    backend_pid(pg)
+    backend_pid(engine)
     monkeypatch.setattr(engines, "PING_WHEN_IDLE_FOR", 0.0)
-    with pg.connect() as conn:
+    with engine.connect() as conn:
         raw = conn.connection.driver_connection
         assert raw is not None
         assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
