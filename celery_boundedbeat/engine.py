@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -17,6 +18,9 @@ from .redact import mask_url, scrub
 _engines: dict[tuple[int, str], Engine] = {}
 _lock = threading.Lock()
 
+#: Seconds a SQLite statement waits for another process's write lock before it fails.
+SQLITE_BUSY_SECONDS = 30
+
 #: Seconds a pooled PostgreSQL connection may have been idle and still be handed out unpinged.
 PING_WHEN_IDLE_FOR = 1.0
 
@@ -29,6 +33,25 @@ def normalize_url(url: str) -> URL:
     return parsed
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """Put the database in WAL mode, waiting out another process doing the same.
+
+    Two processes that open a new database file at once (a worker and beat started together)
+    both switch it to WAL; SQLite answers the loser "database is locked" at once, without its
+    busy handler, since waiting there could deadlock. The switch is retried until it wins or
+    the busy timeout passes, as any other statement would wait.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -36,9 +59,9 @@ def _sqlite_setup(engine: Engine) -> None:
         # processes never deadlock upgrading a read lock (SQLite has one writer).
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -98,7 +121,9 @@ def _create(url: str) -> Engine:
         raise _refused(url, "not a valid SQLAlchemy URL", str(exc)) from None
     try:
         if parsed.get_backend_name() == "sqlite":
-            engine = create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
+            engine = create_engine(
+                parsed, connect_args={"timeout": SQLITE_BUSY_SECONDS, "check_same_thread": False}
+            )
             _sqlite_setup(engine)
             return engine
         # A database that drops packets must not hang beat or a worker forever, and a
