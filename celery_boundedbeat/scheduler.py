@@ -281,9 +281,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if self._must_tick(now, mono):
             if self._tick_late(now):
                 return 0  # the rest of what is due (not certain enough to claim) is looked at now
+            # Cleared before the tick reads, never after: a notification that lands while it
+            # runs keeps the flag and is acted on at the next look, not at the backstop.
+            self._stale = False
             result = self._emit_due(now)
-            self._stale = result is None
-            if result is not None:
+            if result is None:
+                self._stale = True
+            else:
                 self._known_due = result.next_due_at
                 if self._ahead is not None:
                     self._ahead.saw(len(result.emitted))
@@ -469,13 +473,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _send_alerts(self, now: datetime) -> None:
         """Send the alert signals settles wrote (workers' and the reaper's), once each."""
+        self._alerts_may_wait = False  # before the read: a settle noticed meanwhile sets it again
         try:
             alerts = self.store.take_alerts()
         except Exception as exc:
+            self._alerts_may_wait = True
             self._failed("alerts", exc, now)
             return
         self._succeeded("alerts")
-        self._alerts_may_wait = len(alerts) >= TAKE_BATCH  # a full batch: more may wait
+        if len(alerts) >= TAKE_BATCH:
+            self._alerts_may_wait = True  # a full batch: more may wait
         send_signals(alerts)
 
     def _run_retention(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
