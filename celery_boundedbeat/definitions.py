@@ -20,7 +20,7 @@ Rebuilding goes through the same :func:`~celery_boundedbeat.entries.parse_entry`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -136,12 +136,23 @@ def config_definitions(app: Celery, default_policy: Mapping[str, Any]) -> dict[s
     }
 
 
+#: The growth of a beat's definition cache that makes it sweep: at least this many entries...
+SWEEP_SLACK = 1000
+
+
+def sweep_slack(live: int) -> int:
+    """...or a tenth of the schedules present at the last sweep, so that sweeping (a read of
+    every schedule name) stays a small cost per schedule added, however many there are."""
+    return max(SWEEP_SLACK, live // 10)
+
+
 class Resolver:
     """Beat's view of the schedules: each due row's spec, rebuilt only when its row changed.
 
     The cache is keyed by the row's ``version`` and digest, so a change made by any process is seen at
     the row's next tick whether or not a notification arrived; notifications only wake the
-    beat sooner and let it drop a removed schedule's copy. A config row this beat reconciled
+    beat sooner and let it drop a removed schedule's copy. The copies of schedules removed
+    without one are dropped by the beat's sweeps (:meth:`keep_only`). A config row this beat reconciled
     (same digest) uses the beat's own entry, which keeps any schedule object Celery accepts
     (a custom ``schedule`` subclass) exactly as configured.
     """
@@ -187,6 +198,19 @@ class Resolver:
     def forget(self, name: str) -> None:
         """Drop a schedule's cached copy (it was changed or removed)."""
         self._cache.pop(name, None)
+
+    def keep_only(self, names: Collection[str]) -> int:
+        """Drop the copies of every schedule not in ``names`` (the schedules that exist); how many.
+
+        A copy resolved meanwhile for a schedule added after ``names`` was read is dropped too,
+        and only rebuilt at its next tick.
+        """
+        gone = [name for name in list(self._cache) if name not in names]
+        for name in gone:
+            self._cache.pop(name, None)
+        for name in [name for name in list(self.unusable) if name not in names]:
+            self.unusable.pop(name, None)
+        return len(gone)
 
     def __len__(self) -> int:
         return len(self._cache)

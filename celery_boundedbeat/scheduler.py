@@ -37,7 +37,7 @@ from sqlalchemy import Engine
 from .ahead import AheadTicker
 from .alertlog import TAKE_BATCH
 from .alerts import on_ticked
-from .definitions import Resolver, config_definitions
+from .definitions import Resolver, config_definitions, sweep_slack
 from .dispatch import Dispatcher
 from .engine import get_engine
 from .exceptions import BoundedBeatError, ConfigurationError
@@ -139,6 +139,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._first_look = True
         #: Monotonic time of the next look done whatever the above say (a backstop).
         self._next_full_look_at = 0.0
+        #: The definition cache's size after its last sweep, and the schedules then present.
+        self._swept_size = 0
+        self._swept_live = 0
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
 
@@ -298,6 +301,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                         self._dispatch_loop.wake()
                 self._terminate_replaced(result.revoked)  # the tick has committed
                 send_signals(on_ticked(result.outcomes, now))
+                self._sweep_definitions(now)  # the tick's work is done: off its path
         else:
             result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
         self._housekeep(mono, now)
@@ -432,6 +436,26 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return None
         self._succeeded("tick")
         return result
+
+    def _sweep_definitions(self, now: datetime) -> None:
+        """Drop the cached definitions of schedules that no longer exist, once the cache has grown.
+
+        A removal's notification only drops its copy when it arrives (never on SQLite); a
+        beat that lives for months through per-tenant churn would otherwise keep every
+        schedule it ever ran. After each tick, a cache grown by :func:`~.definitions.sweep_slack`
+        since the last sweep is swept against the schedule names (one index-only read): it
+        holds at most the schedules present at the last sweep plus that slack.
+        """
+        resolver = self.resolver
+        if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
+            return
+        try:
+            live = self.store.schedule_names()
+        except Exception as exc:
+            self._failed("definition sweep", exc, now)
+            return
+        resolver.keep_only(live)
+        self._swept_size, self._swept_live = len(resolver), len(live)
 
     def _terminate_replaced(self, run_ids: list[str]) -> None:
         """Ask the workers to terminate the runs a committed tick replaced (``replace``).

@@ -754,6 +754,11 @@ class Store(RunLife):
 
     # -- reads -----------------------------------------------------------------------
 
+    def schedule_names(self) -> set[str]:
+        """The name of every schedule (the primary key alone: an index-only read)."""
+        with self.session() as s:
+            return set(s.scalars(select(ScheduleRow.name)))
+
     def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleRow]:
         with self.session() as s:
             if names is None:

@@ -1,4 +1,4 @@
-"""The beat in-process: notices that land while it works are kept."""
+"""The beat in-process: notices that land while it works are kept; its definition cache stays bounded."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_boundedbeat import add_schedule, remove_schedule
+from celery_boundedbeat import scheduler as scheduler_module
+from celery_boundedbeat.definitions import sweep_slack
 from celery_boundedbeat.runlife import SETTLED_CHANNEL
 from celery_boundedbeat.scheduler import Scheduler
 from celery_boundedbeat.store import SCHEDULES_CHANNEL
@@ -97,5 +100,55 @@ def test_a_settle_notice_landing_during_the_alert_pass_is_acted_on_at_the_next_p
         scheduler._next_reap_at = 0.0
         scheduler.tick()
         assert takes[0] == 2, "acted on once, then idle again"
+    finally:
+        scheduler.close()
+
+
+class DeafListener:
+    """A LISTEN connection that delivers nothing: every removal's notification is lost."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.listening = False
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, grace: float = 2.0) -> bool:
+        return True
+
+
+def test_the_definition_cache_stays_bounded_while_schedules_come_and_go(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,500 runtime schedules added, run and removed, notices lost: the cache keeps only live ones.
+
+    The bound (README, "How it works"): the schedules present at the last sweep plus
+    ``sweep_slack`` of them, checked after every tick. Without the sweep every removed
+    schedule kept its entry (1,500 here) on SQLite always, on PostgreSQL when a removal's
+    notification was missed.
+    """
+    monkeypatch.setattr(scheduler_module, "Listener", DeafListener)
+    app = _app(db_url)
+    scheduler = Scheduler(app, max_interval=0.01)
+    rounds, per_round = 15, 100
+    try:
+        scheduler.tick()
+        largest = 0
+        for r in range(rounds):
+            names = [f"tenant{r}-{i}" for i in range(per_round)]
+            for name in names:
+                assert add_schedule(app, name, "proj.tenant", 3600.0) == "scheduled"
+            scheduler.tick()  # each is due at its add: the tick resolves (caches) every one
+            assert all(name in scheduler.resolver._cache for name in names)
+            for name in names:
+                assert remove_schedule(app, name)
+            scheduler.tick()
+            live = len(scheduler.store.schedule_names())
+            largest = max(largest, len(scheduler.resolver))
+            bound = live + per_round + sweep_slack(live + per_round)
+            assert len(scheduler.resolver) <= bound, (
+                f"round {r}: {len(scheduler.resolver)} cached definitions for {live} schedules"
+            )
+        assert largest > sweep_slack(0) // 2, "the churn is large enough to reach the sweep"
     finally:
         scheduler.close()
