@@ -300,11 +300,15 @@ def dispatch(ctx: click.Context) -> None:
     _ready(app)
     settings = _settings(app)
     store = Store(get_engine(settings.database_url))
-    dispatcher = Dispatcher(app, store, settings)
-    loop = BackgroundLoop("boundedbeat-dispatch", dispatcher.run)
     listener = None
     if store.is_postgres:
+        # Every state change of the listener wakes the loop too: it polls while not listening.
         listener = Listener(settings.database_url, [QUEUE_CHANNEL], lambda _c, _p: loop.wake())
+    dispatcher = Dispatcher(
+        app, store, settings, notified=None if listener is None else lambda: listener.listening
+    )
+    loop = BackgroundLoop("boundedbeat-dispatch", dispatcher.run)
+    if listener is not None:
         listener.start()
     stopping = {"flag": False}
 

@@ -54,6 +54,7 @@ class Dispatcher:
         may_run: Callable[[], bool] = lambda: True,
         name: str | None = None,
         record: Callable[[IterationRecord], None] | None = None,
+        notified: Callable[[], bool] | None = None,
     ) -> None:
         self.app = app
         self.store = store
@@ -62,6 +63,8 @@ class Dispatcher:
         use_whole_files(app.conf.broker_url)  # a worker never reads half a message file
         #: Called with every drain iteration (the beat records the failed ones).
         self.record = record
+        #: Whether a LISTEN on the queue channel wakes this dispatcher now (``None``: nothing does).
+        self.notified = notified
         self._outage = OutageLog(logger, "dispatch iteration")
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.broker_down = False
@@ -212,9 +215,10 @@ class Dispatcher:
         )
 
     def _max_idle_sleep(self) -> float:
-        """The cap of the idle backoff: on PostgreSQL NOTIFY wakes the loop for new rows; on
-        SQLite nothing can wake it across processes (an ``enqueue`` from a web process, rows a
+        """The cap of the idle backoff: on PostgreSQL, while its listener hears NOTIFY, that wakes
+        the loop for new rows; otherwise (SQLite, or a LISTEN connection that is down or
+        half-open) nothing wakes it across processes (an ``enqueue`` from a web process, rows a
         beat wrote for a standalone dispatcher), so it looks at least every ``poll_interval``."""
-        if self.store.is_postgres:
+        if self.store.is_postgres and self.notified is not None and self.notified():
             return self.settings.dispatch_max_interval
         return min(self.settings.dispatch_max_interval, self.settings.poll_interval)

@@ -1,4 +1,14 @@
-"""PostgreSQL LISTEN in a background thread: completions wake beat, new rows wake the dispatcher."""
+"""PostgreSQL LISTEN in a background thread: completions wake beat, new rows wake the dispatcher.
+
+A LISTEN connection is only worth something while it is known to work: a connection a NAT
+gateway or load balancer dropped silently stays "open" on this side for hours (the kernel's
+TCP keepalive defaults) while every notification is lost. So the listener probes it: after
+``probe_every`` seconds without a byte from the server it sends an empty query, and a
+connection that does not answer within ``probe_timeout`` counts as dead. The probe is an empty
+query, which the server answers without starting a transaction. While the listener is not
+known to be listening (``listening`` false), its users poll; each change of that state wakes
+them (``on_notify`` on every channel with an empty payload) so they switch at once.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +16,7 @@ import logging
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,24 +26,54 @@ from .redact import mask_url
 logger = logging.getLogger("celery_boundedbeat")
 
 
-#: Longest wait for a notification before the thread looks at its connection again. ``stop()``
-#: does not wait for it: it wakes the thread through a pipe, so beat exits at once on SIGTERM
-#: while an idle listener wakes up once a minute instead of five times a second.
-IDLE_WAIT = 60.0
+#: Seconds without a byte from the server after which the listener probes its connection.
+#: Between probes an idle listener sleeps; ``stop()`` wakes it through a pipe, so beat exits at
+#: once on SIGTERM.
+PROBE_EVERY = 3.0
+#: Seconds the server has to answer a probe (or a ``LISTEN``) before the connection counts as
+#: dead and is replaced: a dead connection is noticed at most ``PROBE_EVERY + PROBE_TIMEOUT``
+#: after the last byte the server sent.
+PROBE_TIMEOUT = 3.0
+#: The name the listener's session shows in ``pg_stat_activity``.
+APPLICATION_NAME = "boundedbeat-listen"
+#: Kernel keepalives on the listener's socket too (a backstop for the probe; they also keep a
+#: NAT entry alive on a connection the probe keeps busy anyway).
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3}
+
+
+class ConnectionDead(Exception):
+    """The server did not answer in time: the connection is half-open (or the server hangs)."""
+
+
+class Refused(Exception):
+    """The server answered a query of the listener's with an error."""
 
 
 class Listener:
     """Listens on channels and calls ``on_notify(channel, payload)``; reconnects after errors."""
 
-    def __init__(self, url: str, channels: list[str], on_notify: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        channels: list[str],
+        on_notify: Callable[[str, str], None],
+        *,
+        probe_every: float = PROBE_EVERY,
+        probe_timeout: float = PROBE_TIMEOUT,
+    ) -> None:
         self._url = url
         self._channels = channels
         self._on_notify = on_notify
+        self._probe_every = probe_every
+        self._probe_timeout = probe_timeout
         self._stop = threading.Event()
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="boundedbeat-listen", daemon=True)
-        #: Whether notifications arrive now (LISTEN is set up); while not, callers poll.
+        #: Whether notifications arrive now (LISTEN is set up and the connection answers its
+        #: probes); while not, callers poll.
         self.listening = False
+        #: Failed connections in a row (the first is logged, then the reconnect).
+        self._failures = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -52,43 +93,112 @@ class Listener:
         self._wake_read = self._wake_write = -1
         return True
 
-    def _deliver(self, conn: Any) -> None:
-        """Hand on notifications as they arrive, until ``stop()``; raises when the connection breaks."""
+    def _everyone_looks(self) -> None:
+        """Wake every channel's user: notifications may have been missed, or polling starts."""
+        for channel in self._channels:
+            self._on_notify(channel, "")
+
+    def _wait_readable(self, fileno: int, timeout: float) -> bool | None:
+        """Wait for the connection; ``None`` when ``stop()`` woke the thread."""
+        readable, _, _ = select.select([fileno, self._wake_read], [], [], max(0.0, timeout))
+        if self._wake_read in readable:
+            return None
+        return fileno in readable
+
+    def _read(self, pg: Any) -> bool:
+        """Take in what arrived, hand on its notifications; whether a query's answer is complete.
+
+        ``consume_input`` raises when the connection broke (the server closed it, or ended
+        the backend with ``pg_terminate_backend``).
+        """
+        pg.consume_input()
+        while (note := pg.notifies()) is not None:
+            self._on_notify(note.relname.decode(), note.extra.decode())
+        if pg.is_busy():
+            return False
+        while (result := pg.get_result()) is not None:
+            if result.error_message:
+                raise Refused(result.error_message.decode(errors="replace").strip())
+        return True
+
+    def _query(self, pg: Any, sql: bytes) -> bool:
+        """Send ``sql`` and wait up to ``probe_timeout`` for its answer; False if ``stop()`` came first.
+
+        Raises :class:`ConnectionDead` when no answer came in time: a half-open connection
+        never fails on its own, it only stays silent.
+        """
+        pg.send_query(sql)
+        deadline = time.monotonic() + self._probe_timeout
+        while pg.flush():  # a nonblocking connection: the query may leave in several writes
+            if not select.select([], [pg.socket], [], max(0.0, deadline - time.monotonic()))[1]:
+                raise ConnectionDead("the query could not be sent")
+        while True:
+            ready = self._wait_readable(pg.socket, deadline - time.monotonic())
+            if ready is None:
+                return False
+            if ready and self._read(pg):
+                return True
+            if not ready:
+                raise ConnectionDead(f"no answer within {self._probe_timeout:g} s")
+
+    def _deliver(self, pg: Any) -> None:
+        """Hand on notifications as they arrive and probe a silent connection, until ``stop()``.
+
+        Raises when the connection breaks or stops answering.
+        """
+        heard_at = time.monotonic()
         while not self._stop.is_set():
-            readable, _, _ = select.select([conn.fileno(), self._wake_read], [], [], IDLE_WAIT)
-            if self._wake_read in readable:
+            ready = self._wait_readable(pg.socket, heard_at + self._probe_every - time.monotonic())
+            if ready is None:
                 return
-            # Something came in (or the connection broke: notifies() then raises).
-            for note in conn.notifies(timeout=0):
-                self._on_notify(note.channel, note.payload)
+            if ready:
+                self._read(pg)
+            elif not self._query(pg, b""):  # silent for probe_every: does the server still answer?
+                return
+            heard_at = time.monotonic()
+
+    def _listen(self, pg: Any) -> None:
+        """LISTEN on every channel, then deliver until ``stop()``; raises when the connection fails."""
+        listen = "; ".join(f'LISTEN "{channel}"' for channel in self._channels)
+        if not self._query(pg, listen.encode()):
+            return
+        if self._failures:
+            logger.warning("celery_boundedbeat: LISTEN reconnected to %s", mask_url(self._url))
+        self._failures = 0
+        self.listening = True
+        # A reconnect may have missed notifications: let everyone look once.
+        self._everyone_looks()
+        self._deliver(pg)
 
     def _conninfo(self) -> str:
-        return normalize_url(self._url).set(drivername="postgresql").render_as_string(hide_password=False)
+        """The URL as libpq reads it, with the listener's name, connect timeout and keepalives."""
+        from psycopg.conninfo import make_conninfo
+
+        url = normalize_url(self._url).set(drivername="postgresql").render_as_string(hide_password=False)
+        return make_conninfo(url, connect_timeout=5, application_name=APPLICATION_NAME, **KEEPALIVES)
 
     def _run(self) -> None:
         import psycopg
 
-        failures = 0
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._conninfo(), autocommit=True, connect_timeout=5) as conn:
-                    for channel in self._channels:
-                        conn.execute(f'LISTEN "{channel}"')
-                    if failures:
-                        logger.warning("celery_boundedbeat: LISTEN reconnected to %s", mask_url(self._url))
-                    failures = 0
-                    self.listening = True
-                    # A reconnect may have missed notifications: let everyone look once.
-                    for channel in self._channels:
-                        self._on_notify(channel, "")
-                    self._deliver(conn)
+                # Not ``with``: its exit would roll back, and a rollback on a connection that
+                # stopped answering fails or waits; closing only sends Terminate.
+                conn = psycopg.connect(self._conninfo(), autocommit=True)
+                try:
+                    self._listen(conn.pgconn)
+                finally:
+                    conn.close()
             except Exception as exc:
-                self.listening = False
-                failures += 1
-                if failures == 1:
+                was_listening, self.listening = self.listening, False
+                self._failures += 1
+                if was_listening:
+                    self._everyone_looks()  # they poll from now on: the next look must not wait
+                if self._failures == 1:
                     logger.warning(
                         "celery_boundedbeat: LISTEN on %s failed (%s); polling until it returns",
                         mask_url(self._url),
                         type(exc).__name__,
                     )
-                self._stop.wait(min(5.0, failures * 1.0))
+                self._stop.wait(min(5.0, self._failures * 1.0))
+        self.listening = False

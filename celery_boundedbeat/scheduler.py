@@ -203,7 +203,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         )
         if settings.dispatch_enabled:
             self._dispatcher = Dispatcher(
-                self.app, self._store, settings, may_run=self._lease.acting, record=self._recorder.record
+                self.app,
+                self._store,
+                settings,
+                may_run=self._lease.acting,
+                record=self._recorder.record,
+                notified=self._listening,
             )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
@@ -310,10 +315,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._wait(wait)
         return 0
 
+    def _listening(self) -> bool:
+        """Whether this beat's LISTEN connection is known to work now (its notifications arrive)."""
+        return self._listener is not None and self._listener.listening
+
     @property
     def _polling(self) -> bool:
         """Whether changes must be looked for (SQLite, or while LISTEN is down) rather than heard."""
-        return self.store.is_sqlite_like or self._listener is None or not self._listener.listening
+        return self.store.is_sqlite_like or not self._listening()
 
     def _must_tick(self, now: datetime, mono: float) -> bool:
         """Whether a tick transaction can find anything to do.
