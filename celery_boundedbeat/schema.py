@@ -188,6 +188,29 @@ class QueueRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class OutboxExpiredRow(Base):
+    """An ``enqueue()`` message not published within ``boundedbeat_publish_timeout``.
+
+    An application's message is data: past the timeout it leaves the queue (so it stops
+    holding the dispatcher, whatever kept it from the broker) and is kept here, whole, for
+    an operator to look at and queue again. Nothing deletes these rows but the user.
+    """
+
+    __tablename__ = "boundedbeat_outbox_expired"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(36), index=True)
+    task: Mapped[str] = mapped_column(String(255))
+    args: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: Publish attempts (claims) it had, and the broker's last refusal, as the queue row had them.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 class LeaseRow(Base):
     """The beat leader lease: only its holder ticks, dispatches and reaps."""
 

@@ -68,7 +68,7 @@ from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
 from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms
-from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow
+from .schema import IterationRow, LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
     ScheduleState,
@@ -125,6 +125,21 @@ class TickResult:
     revoked: list[str] = field(default_factory=list)
     #: Due schedules whose own tick failed (name: error), set aside so the others go on.
     failed: dict[str, str] = field(default_factory=dict)
+
+
+#: The queue columns an expired ``enqueue()`` message keeps (``boundedbeat_outbox_expired``).
+_KEPT_WHEN_EXPIRED = ("task_id", "task", "args", "kwargs", "options", "enqueued_at", "attempts", "last_error")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpiredMessage:
+    """An ``enqueue()`` message moved out of the queue unpublished (for the log)."""
+
+    task_id: str
+    task: str
+    enqueued_at: datetime
+    attempts: int
+    last_error: str | None
 
 
 def emission_rows(
@@ -737,7 +752,7 @@ class Store(RunLife):
             picked = list(
                 s.execute(
                     select(QueueRow.id, QueueRow.run_id)
-                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now))
+                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now), QueueRow.run_id.is_not(None))
                     .limit(1000)
                 )
             )
@@ -761,10 +776,47 @@ class Store(RunLife):
                 return None
         taken = s.execute(delete(QueueRow).where(QueueRow.id == queue_id, unclaimed(now)))
         if not taken.rowcount or run_id is None:  # type: ignore[attr-defined]
-            return None  # claimed meanwhile, or an outbox row (no run to settle)
+            return None  # claimed meanwhile
         return self.settle_in(
             s, run_id, RunState.REJECTED, now=now, error=error, rng=rng, expect=[RunState.QUEUED]
         )
+
+    def expire_outbox(self, now: datetime, publish_timeout: float) -> list[ExpiredMessage]:
+        """``enqueue()`` rows unpublished past the publish limit move to ``boundedbeat_outbox_expired``.
+
+        The queue row is taken (guarded: no live claim, still there) and kept whole in the same
+        transaction, so a message is either still queued or kept, never neither; it leaves
+        the queue so that a message the broker keeps refusing stops holding the others back.
+        """
+        cutoff = now - timedelta(seconds=publish_timeout)
+        queue = cast(Table, QueueRow.__table__)
+        with self.session() as s:
+            picked = select(QueueRow.id).where(
+                QueueRow.run_id.is_(None), QueueRow.enqueued_at < cutoff, unclaimed(now)
+            )
+            taken = s.execute(
+                delete(queue)
+                .where(
+                    queue.c.id.in_(picked.limit(1000).scalar_subquery()),
+                    queue.c.run_id.is_(None),
+                    unclaimed(now),
+                )
+                .returning(*(queue.c[k] for k in _KEPT_WHEN_EXPIRED))
+            ).all()
+            if not taken:
+                return []
+            kept = [{**row._asdict(), "expired_at": now} for row in taken]
+            insert_many(s, cast(Table, OutboxExpiredRow.__table__), kept)
+        return [
+            ExpiredMessage(
+                task_id=row.task_id,
+                task=row.task,
+                enqueued_at=row.enqueued_at,
+                attempts=row.attempts,
+                last_error=row.last_error,
+            )
+            for row in taken
+        ]
 
     # -- runs: retention and alerts (a run's life at the worker: :mod:`~.runlife`) --------
 
