@@ -455,9 +455,9 @@ class Store(RunLife):
                     raise
                 result.failed[name] = f"{type(exc).__name__}: {clip_error(str(exc))}"
                 with self.session() as s:
-                    s.execute(
+                    s.execute(  # still due: a row changed meanwhile keeps its own due time
                         update(ScheduleRow)
-                        .where(ScheduleRow.name == name)
+                        .where(ScheduleRow.name == name, ScheduleRow.next_due_at <= now)
                         .values(next_due_at=set_aside_until(now))
                     )
                 continue

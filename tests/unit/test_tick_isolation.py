@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import Engine, update
 
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import EntrySpec
+from celery_boundedbeat.scheduler import Scheduler
 from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import UNUSABLE_RETRY
+from celery_boundedbeat.store import Store, TickResult
+from celery_boundedbeat.ticks import UNUSABLE_RETRY, ScheduleState, TickOutcome
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(7)
@@ -76,3 +79,24 @@ def test_a_row_whose_run_the_database_refuses_is_set_aside_and_the_others_run(st
     assert [e.schedule for e in result.emitted] == ["good"]
     assert list(result.failed) == ["bad"]
     assert result.next_due_at is not None
+
+
+def test_the_beat_logs_a_failing_schedule_once_and_again_when_it_ticks(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every failed tick of a set-aside schedule is one ERROR line in all until it ticks again."""
+    app = Celery("isolation", broker="memory://", set_as_current=False)
+    app.conf.update(boundedbeat_database_url=sqlite_url, boundedbeat_dispatch_enabled=False)
+    scheduler = Scheduler(app)
+    try:
+        with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
+            for _ in range(3):
+                scheduler._log_tick(TickResult(now=T0, failed={"bad": "ValueError: not a time"}))
+            scheduler._log_tick(TickResult(now=T0, outcomes={"bad": TickOutcome(state=ScheduleState())}))
+            scheduler._log_tick(TickResult(now=T0, outcomes={"bad": TickOutcome(state=ScheduleState())}))
+    finally:
+        scheduler.close()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "'bad'" in r.getMessage()]
+    assert [level for level, _ in said] == [logging.ERROR, logging.WARNING], said
+    assert "schedule 'bad' is not run: its tick failed (ValueError: not a time)" in said[0][1]
+    assert "schedule 'bad' ticks again" in said[1][1]
