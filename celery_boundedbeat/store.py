@@ -412,7 +412,8 @@ class Store(RunLife):
         except Exception as exc:
             if is_outage(exc):
                 raise
-            logger.warning(
+            # INFO: the beat names each schedule that fails on its own, once (ERROR).
+            logger.info(
                 "celery_boundedbeat: a tick batch failed (%s: %s); ticking its schedules one by one",
                 type(exc).__name__,
                 clip_error(str(exc)),
