@@ -28,7 +28,7 @@ from .redact import mask_url
 from .runlife import Settled
 from .runtime import Iteration, IterationRecord, OutageLog, run_dispatch_loop, run_recorded_iteration
 from .settings import Settings
-from .store import Store, utcnow
+from .store import ExpiredMessage, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 
@@ -105,17 +105,32 @@ class Dispatcher:
             )
         return Iteration(has_activity=published > 0 or bool(rejected))
 
-    def _reject_stale(self) -> list[Settled]:
-        """Settle as rejected the queued runs not published within ``publish_timeout``."""
-        rejected = self.store.reject_unpublished(utcnow(), self.settings.publish_timeout, self._rng)
+    def _reject_stale(self) -> list[Settled | ExpiredMessage]:
+        """Settle as rejected the queued runs not published within ``publish_timeout``, and move
+        the ``enqueue()`` messages as old to ``boundedbeat_outbox_expired``: each one logged."""
+        now = utcnow()
+        timeout = self.settings.publish_timeout
+        rejected = self.store.reject_unpublished(now, timeout, self._rng)
         for settled in rejected:
             logger.warning(
                 "celery_boundedbeat: run %s of %s rejected: not published within %g s",
                 settled.run_id,
                 settled.schedule,
-                self.settings.publish_timeout,
+                timeout,
             )
-        return rejected
+        expired = self.store.expire_outbox(now, timeout)
+        for message in expired:
+            logger.warning(
+                "celery_boundedbeat: enqueued task %s (task id %s, enqueued %s) not published within "
+                "%g s (%d attempt(s), last error: %s); kept in boundedbeat_outbox_expired, not sent",
+                message.task,
+                message.task_id,
+                message.enqueued_at.isoformat(),
+                timeout,
+                message.attempts,
+                message.last_error or "none",
+            )
+        return [*rejected, *expired]
 
     def _publish_queued(self, db: ThreadPoolExecutor, stopping: Callable[[], bool]) -> tuple[int, str | None]:
         """Claim, publish and mark batch after batch; return the count published and the error.

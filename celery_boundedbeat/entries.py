@@ -19,14 +19,13 @@ from celery.schedules import crontab, schedule, solar
 
 from .exceptions import ConfigurationError
 from .policy import EntrySpec, Policy, Problem, parse_policy
+from .schema import MAX_SCHEDULE_NAME, MAX_SCHEDULE_TEXT, MAX_TASK_NAME, text_problem
 from .timing import CalendarTiming, IntervalTiming, Timing
 from .wallclock import CronFields, next_fire
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
 #: Keys a ``beat_schedule`` entry may carry (Celery's own, plus ``policy``).
-#: The longest task name the runs and queue tables keep.
-MAX_TASK_NAME = 255
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative", "policy"})
 
 
@@ -152,31 +151,54 @@ def _json_problem(entry: str, key: str, value: Any) -> Problem | None:
     return None
 
 
+def entry_label(name: str) -> str:
+    """How a problem names an entry: an over-long name is cut, so the message stays readable."""
+    return name if len(name) <= MAX_SCHEDULE_NAME else name[:40] + "..."
+
+
+def name_problems(name: Any) -> list[Problem]:
+    """A schedule name's problems: the one check of names for config, API, CLI and admin."""
+    if not isinstance(name, str) or not name.strip():
+        return [(repr(name), "name", "must be a non-empty string")]
+    reason = text_problem(name, MAX_SCHEDULE_NAME)
+    return [] if reason is None else [(entry_label(name), "name", reason)]
+
+
 def _task_problems(name: str, task: Any) -> list[Problem]:
     if not isinstance(task, str) or not task:
         return [(name, "task", f"must be a task name string, got {task!r}")]
-    if len(task) > MAX_TASK_NAME:
-        return [(name, "task", f"must be at most {MAX_TASK_NAME} characters, got {len(task)}")]
-    return []
+    reason = text_problem(task, MAX_TASK_NAME)
+    return [] if reason is None else [(name, "task", reason)]
+
+
+def _entry_timing(
+    name: str, raw: Mapping[str, Any], tz: tzinfo | None
+) -> tuple[Timing | None, str, str, float | None, list[Problem]]:
+    """:func:`timing_for` of the entry's ``schedule``, whose text must also fit its column."""
+    if "schedule" not in raw:
+        return None, "interval", "", None, [(name, "schedule", "is required")]
+    timing, kind, srepr, period, found = timing_for(name, raw["schedule"], tz)
+    reason = text_problem(srepr, MAX_SCHEDULE_TEXT)
+    if reason is not None:
+        found = [*found, (name, "schedule", f"its text {reason}")]
+    return timing, kind, srepr, period, found
 
 
 def parse_entry(
     name: str, raw: Any, default_policy: Mapping[str, Any], *, tz: tzinfo | None = None
 ) -> tuple[EntrySpec | None, list[Problem]]:
     """Validate one entry; returns the spec or every problem found in it."""
+    named = name_problems(name)
+    name = entry_label(name)  # every later problem names the entry readably
     if not isinstance(raw, Mapping):
-        return None, [(name, "entry", f"must be a dict, got {type(raw).__name__}")]
-    problems: list[Problem] = []
+        return None, [*named, (name, "entry", f"must be a dict, got {type(raw).__name__}")]
+    problems: list[Problem] = list(named)
     for key in sorted(set(raw) - ENTRY_KEYS):
         problems.append((name, key, f"unknown entry key (known: {', '.join(sorted(ENTRY_KEYS))})"))
     task = raw.get("task")
     problems.extend(_task_problems(name, task))
-    if "schedule" not in raw:
-        problems.append((name, "schedule", "is required"))
-        timing, kind, srepr, period = None, "interval", "", None
-    else:
-        timing, kind, srepr, period, found = timing_for(name, raw["schedule"], tz)
-        problems.extend(found)
+    timing, kind, srepr, period, found = _entry_timing(name, raw, tz)
+    problems.extend(found)
     # None means "not given"; any other value must have the right type (0 or "" is not empty).
     args = () if raw.get("args") is None else raw["args"]
     if not isinstance(args, list | tuple):

@@ -41,7 +41,7 @@ from sqlalchemy import Connection, Engine, func, select
 
 from .enums import RunState
 from .lease import LEASE_NAME
-from .schema import LeaseRow, QueueRow, RunRow, ScheduleRow
+from .schema import LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 
 #: Runs finished this many seconds before the snapshot feed the histograms.
 HISTOGRAM_WINDOW = 3600.0
@@ -114,6 +114,8 @@ class MetricsSnapshot:
     settled: Mapping[tuple[str, str], int] = field(default_factory=dict)
     queue_depth: int = 0
     queue_oldest_due_at: datetime | None = None
+    #: Rows in ``boundedbeat_outbox_expired``: ``enqueue()`` messages never published.
+    outbox_expired: int = 0
     lease_holder: str | None = None
     lease_renewed_at: datetime | None = None
     lease_expires_at: datetime | None = None
@@ -138,7 +140,7 @@ class MetricsSnapshot:
 
 
 def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
-    """One consistent-enough look at the tables: five indexed or bounded queries, one transaction."""
+    """One consistent-enough look at the tables: six indexed or bounded queries, one transaction."""
     with engine.connect() as conn:
         schedules = _schedules(conn)
         settled = {
@@ -150,6 +152,7 @@ def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
             )
         }
         depth, oldest = conn.execute(select(func.count(), func.min(QueueRow.due_at))).one()
+        expired = conn.scalar(select(func.count()).select_from(OutboxExpiredRow))
         lease = conn.execute(
             select(LeaseRow.holder, LeaseRow.renewed_at, LeaseRow.expires_at).where(
                 LeaseRow.name == LEASE_NAME
@@ -162,6 +165,7 @@ def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
         settled=settled,
         queue_depth=int(depth or 0),
         queue_oldest_due_at=oldest,
+        outbox_expired=int(expired or 0),
         lease_holder=None if lease is None else lease[0],
         lease_renewed_at=None if lease is None else lease[1],
         lease_expires_at=None if lease is None else lease[2],
@@ -262,6 +266,12 @@ class SnapshotCollector(Collector):
             "boundedbeat_queue_oldest_age_seconds",
             "Seconds the oldest queued message is overdue (0 when none is)",
             snap.queue_oldest_age,
+        )
+        yield CounterMetricFamily(
+            "boundedbeat_outbox_expired",
+            "enqueue() messages not published within boundedbeat_publish_timeout, kept in "
+            "boundedbeat_outbox_expired (never sent)",
+            value=snap.outbox_expired,
         )
         if snap.lease_renewed_at is not None:
             yield _gauge(

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import insert, text
 
-from .schema import QueueRow
+from .schema import MAX_TASK_ID, MAX_TASK_NAME, QueueRow, text_problem
 from .store import QUEUE_CHANNEL, utcnow
 
 
@@ -29,6 +29,11 @@ def enqueue(
     if not isinstance(task_name, str) or not task_name:
         raise ValueError(f"task_name must be a non-empty string, got {task_name!r}")
     task_id = str(options.pop("task_id", None) or uuid.uuid4())
+    # Refused here, not by PostgreSQL inside the caller's transaction (SQLite would keep them).
+    for key, value, limit in (("task_name", task_name, MAX_TASK_NAME), ("task_id", task_id, MAX_TASK_ID)):
+        reason = text_problem(value, limit)
+        if reason is not None:
+            raise ValueError(f"{key} {reason}")
     now = utcnow()
     values = {
         "task_id": task_id,

@@ -142,6 +142,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         #: The definition cache's size after its last sweep, and the schedules then present.
         self._swept_size = 0
         self._swept_live = 0
+        #: Schedules whose own tick failed and were set aside (logged once until they tick again).
+        self._failing_rows: set[str] = set()
         kwargs.pop("schedule_filename", None)
         super().__init__(app, *args, **kwargs)
 
@@ -570,6 +572,18 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._wake.clear()
 
     def _log_tick(self, result: TickResult) -> None:
+        for name, error in result.failed.items():
+            if name not in self._failing_rows:
+                self._failing_rows.add(name)
+                logger.error(
+                    "celery_boundedbeat: schedule %r is not run: its tick failed (%s); it is set aside "
+                    "and retried every minute, every other schedule goes on",
+                    name,
+                    error,
+                )
+        for name in self._failing_rows & result.outcomes.keys():
+            self._failing_rows.discard(name)
+            logger.warning("celery_boundedbeat: schedule %r ticks again", name)
         for run in result.emitted:
             logger.info(
                 "celery_boundedbeat: emitted %s run %s (scheduled for %s, drift %d ms%s)",

@@ -22,16 +22,17 @@ from celery import Celery
 from .backfill import Backfilled, BackfillRefused, as_utc, range_refusal
 from .definitions import define, from_row, stored_entry
 from .engine import get_engine
+from .entries import name_problems
 from .exceptions import BackfillRefusedError, ConfigurationError, UnknownScheduleError
 from .policy import Definition
-from .schema import ScheduleRow
+from .schema import MAX_SCHEDULE_NAME, ScheduleRow
 from .settings import Settings
 from .store import Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat")
 
-#: The longest schedule name the table keeps.
-MAX_NAME_LENGTH = 200
+#: The longest schedule name the tables keep (from :mod:`.schema`).
+MAX_NAME_LENGTH = MAX_SCHEDULE_NAME
 
 AddOutcome = Literal["scheduled", "already_present"]
 
@@ -56,13 +57,10 @@ def _context(app: Celery) -> tuple[Settings, Store]:
 
 
 def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigurationError([(repr(name), "name", "must be a non-empty string")])
-    if len(name) > MAX_NAME_LENGTH:
-        raise ConfigurationError(
-            [(name[:40] + "...", "name", f"must be at most {MAX_NAME_LENGTH} characters, got {len(name)}")]
-        )
-    return name
+    problems = name_problems(name)
+    if problems:
+        raise ConfigurationError(problems)
+    return str(name)
 
 
 def _entry(task: Any, schedule: Any, args: Any, kwargs: Any, options: Any, policy: Any) -> dict[str, Any]:

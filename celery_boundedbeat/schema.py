@@ -188,6 +188,29 @@ class QueueRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class OutboxExpiredRow(Base):
+    """An ``enqueue()`` message not published within ``boundedbeat_publish_timeout``.
+
+    An application's message is data: past the timeout it leaves the queue (so it stops
+    holding the dispatcher, whatever kept it from the broker) and is kept here, whole, for
+    an operator to look at and queue again. Nothing deletes these rows but the user.
+    """
+
+    __tablename__ = "boundedbeat_outbox_expired"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(36), index=True)
+    task: Mapped[str] = mapped_column(String(255))
+    args: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: Publish attempts (claims) it had, and the broker's last refusal, as the queue row had them.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 class LeaseRow(Base):
     """The beat leader lease: only its holder ticks, dispatches and reaps."""
 
@@ -246,3 +269,33 @@ class AlertRow(Base):
 
 
 metadata = Base.metadata
+
+
+def _shortest(*columns: Any) -> int:
+    """The length every one of ``columns`` can keep (the shortest ``String(n)`` among them)."""
+    return min(int(column.type.length) for column in columns)
+
+
+#: The longest schedule name every table that keeps one can store (schedules, runs, alerts).
+MAX_SCHEDULE_NAME = _shortest(
+    ScheduleRow.__table__.c.name, RunRow.__table__.c.schedule, AlertRow.__table__.c.schedule
+)
+#: The longest task name the schedules, runs and queue tables can store.
+MAX_TASK_NAME = _shortest(ScheduleRow.__table__.c.task, RunRow.__table__.c.task, QueueRow.__table__.c.task)
+#: The longest schedule text (``repr`` of the timing) the schedules table can store.
+MAX_SCHEDULE_TEXT = _shortest(ScheduleRow.__table__.c.schedule)
+#: The longest task id the queue can store (``enqueue(task_id=...)``).
+MAX_TASK_ID = _shortest(QueueRow.__table__.c.task_id)
+
+
+def text_problem(value: str, limit: int) -> str | None:
+    """Why ``value`` cannot be stored in a text column of ``limit`` characters (``None``: it can).
+
+    SQLite keeps any length and NUL characters; PostgreSQL refuses both, so input is checked
+    here, where it enters, rather than failing later inside a transaction that holds others.
+    """
+    if len(value) > limit:
+        return f"must be at most {limit} characters, got {len(value)}"
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    return None

@@ -49,6 +49,7 @@ from .catalog import (
 from .claims import Claimed, claim, mark, unclaimed
 from .enums import MissedTicks, RunState
 from .exceptions import ScheduleEndedError, UnknownScheduleError
+from .faults import is_outage
 from .held import (
     SCHEDULES,
     TICK_LEAVES_OUT,
@@ -67,7 +68,7 @@ from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
 from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms
-from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow
+from .schema import IterationRow, LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
     ScheduleState,
@@ -122,6 +123,23 @@ class TickResult:
     #: Runs this tick settled ``revoked`` for ``replace``: the beat asks the workers to
     #: terminate them once the tick has committed.
     revoked: list[str] = field(default_factory=list)
+    #: Due schedules whose own tick failed (name: error), set aside so the others go on.
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+#: The queue columns an expired ``enqueue()`` message keeps (``boundedbeat_outbox_expired``).
+_KEPT_WHEN_EXPIRED = ("task_id", "task", "args", "kwargs", "options", "enqueued_at", "attempts", "last_error")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpiredMessage:
+    """An ``enqueue()`` message moved out of the queue unpublished (for the log)."""
+
+    task_id: str
+    task: str
+    enqueued_at: datetime
+    attempts: int
+    last_error: str | None
 
 
 def emission_rows(
@@ -384,17 +402,97 @@ class Store(RunLife):
         schedule from its row when its cached copy is older than the row's ``version``.
         ``expires_after`` (seconds after publishing) makes a message nobody started in time
         expire at the worker instead of running late after its run was settled ``rejected``.
+
+        A batch that fails on its data (not an outage) is done again one schedule per
+        transaction (:meth:`_tick_one_by_one`): one bad row cannot stop every other schedule.
         """
         resolve = specs if callable(specs) else (lambda row: specs.get(row.name))
+        try:
+            return self._tick_batch(resolve, now, rng, limit, expires_after)
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            # INFO: the beat names each schedule that fails on its own, once (ERROR).
+            logger.info(
+                "celery_boundedbeat: a tick batch failed (%s: %s); ticking its schedules one by one",
+                type(exc).__name__,
+                clip_error(str(exc)),
+            )
+        return self._tick_one_by_one(resolve, now, rng, limit, expires_after)
+
+    def _tick_one_by_one(
+        self,
+        resolve: Callable[[Any], EntrySpec | None],
+        now: datetime,
+        rng: random.Random,
+        limit: int,
+        expires_after: float | None,
+    ) -> TickResult:
+        """Each due schedule in a transaction of its own; one that fails is set aside.
+
+        The failing row is moved out of the due range for a while (:func:`~.ticks.set_aside_until`)
+        by a write that reads nothing else of it, and reported in ``TickResult.failed``; every
+        other schedule is ticked as usual.
+        """
+        with self.session() as s:
+            names = list(
+                s.scalars(
+                    select(ScheduleRow.name)
+                    .where(
+                        ScheduleRow.next_due_at <= now,
+                        ScheduleRow.paused.is_(False),
+                        ScheduleRow.stopped.is_(False),
+                    )
+                    .order_by(ScheduleRow.next_due_at)
+                    .limit(limit)
+                )
+            )
+        result = TickResult(now=now)
+        for name in names:
+            try:
+                one = self._tick_batch(resolve, now, rng, 1, expires_after, only=name)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                result.failed[name] = f"{type(exc).__name__}: {clip_error(str(exc))}"
+                with self.session() as s:
+                    s.execute(  # still due: a row changed meanwhile keeps its own due time
+                        update(ScheduleRow)
+                        .where(ScheduleRow.name == name, ScheduleRow.next_due_at <= now)
+                        .values(next_due_at=set_aside_until(now))
+                    )
+                continue
+            result.emitted.extend(one.emitted)
+            result.outcomes.update(one.outcomes)
+            result.unusable.extend(one.unusable)
+            result.revoked.extend(one.revoked)
+        result.next_due_at = self.next_due_at()
+        return result
+
+    def _tick_batch(
+        self,
+        resolve: Callable[[Any], EntrySpec | None],
+        now: datetime,
+        rng: random.Random,
+        limit: int,
+        expires_after: float | None,
+        *,
+        only: str | None = None,
+    ) -> TickResult:
+        """One tick transaction over the due rows (``only``: that one schedule, if due)."""
         result = TickResult(now=now)
         with self.session() as s:
             run_rows: list[dict[str, Any]] = []
             queue_rows: list[dict[str, Any]] = []
             if self.is_postgres:
+                where, params = _PG_DUE, {"now": now, "limit": limit}
+                if only is not None:
+                    where, params = "name = %(name)s AND " + where, {**params, "name": only}
                 with pipeline(driver_connection(s)):  # BEGIN goes with the query
-                    held = hold_pg(s, _PG_DUE, {"now": now, "limit": limit}, leave_out=TICK_LEAVES_OUT)
+                    held = hold_pg(s, where, params, leave_out=TICK_LEAVES_OUT)
             else:
-                held = hold(s, _due(now, limit))
+                query = _due(now, limit)
+                held = hold(s, query if only is None else query.where(SCHEDULES.c.name == only))
             prefetch_definitions(s, held, resolve)
             for row in held:
                 spec = resolve(row)
@@ -655,7 +753,7 @@ class Store(RunLife):
             picked = list(
                 s.execute(
                     select(QueueRow.id, QueueRow.run_id)
-                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now))
+                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now), QueueRow.run_id.is_not(None))
                     .limit(1000)
                 )
             )
@@ -679,10 +777,47 @@ class Store(RunLife):
                 return None
         taken = s.execute(delete(QueueRow).where(QueueRow.id == queue_id, unclaimed(now)))
         if not taken.rowcount or run_id is None:  # type: ignore[attr-defined]
-            return None  # claimed meanwhile, or an outbox row (no run to settle)
+            return None  # claimed meanwhile
         return self.settle_in(
             s, run_id, RunState.REJECTED, now=now, error=error, rng=rng, expect=[RunState.QUEUED]
         )
+
+    def expire_outbox(self, now: datetime, publish_timeout: float) -> list[ExpiredMessage]:
+        """``enqueue()`` rows unpublished past the publish limit move to ``boundedbeat_outbox_expired``.
+
+        The queue row is taken (guarded: no live claim, still there) and kept whole in the same
+        transaction, so a message is either still queued or kept, never neither; it leaves
+        the queue so that a message the broker keeps refusing stops holding the others back.
+        """
+        cutoff = now - timedelta(seconds=publish_timeout)
+        queue = cast(Table, QueueRow.__table__)
+        with self.session() as s:
+            picked = select(QueueRow.id).where(
+                QueueRow.run_id.is_(None), QueueRow.enqueued_at < cutoff, unclaimed(now)
+            )
+            taken = s.execute(
+                delete(queue)
+                .where(
+                    queue.c.id.in_(picked.limit(1000).scalar_subquery()),
+                    queue.c.run_id.is_(None),
+                    unclaimed(now),
+                )
+                .returning(*(queue.c[k] for k in _KEPT_WHEN_EXPIRED))
+            ).all()
+            if not taken:
+                return []
+            kept = [{**row._asdict(), "expired_at": now} for row in taken]
+            insert_many(s, cast(Table, OutboxExpiredRow.__table__), kept)
+        return [
+            ExpiredMessage(
+                task_id=row.task_id,
+                task=row.task,
+                enqueued_at=row.enqueued_at,
+                attempts=row.attempts,
+                last_error=row.last_error,
+            )
+            for row in taken
+        ]
 
     # -- runs: retention and alerts (a run's life at the worker: :mod:`~.runlife`) --------
 

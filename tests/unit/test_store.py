@@ -169,8 +169,9 @@ def test_the_unique_tick_key_refuses_a_second_emission(store: Store) -> None:
         )
 
 
-def test_a_stale_beat_cannot_emit_a_tick_twice_and_rolls_back_whole(store: Store) -> None:
-    """A tick that would emit an already emitted grid time fails and leaves no trace (one transaction)."""
+def test_a_stale_beat_cannot_emit_a_tick_twice_and_its_row_fails_alone(store: Store) -> None:
+    """A row that would emit an already emitted grid time writes nothing of its own (its transaction
+    rolls back whole) and is set aside; the schedule due beside it in the same batch still emits."""
     entries = setup(store, spec("a"), spec("b", schedule=5))
     emit_one_each = store.tick(entries, T0, RNG, 100)
     assert len(emit_one_each.emitted) == 2
@@ -179,15 +180,25 @@ def test_a_stale_beat_cannot_emit_a_tick_twice_and_rolls_back_whole(store: Store
     # A second beat with a stale view of "a" (its grid rewound) ticks later.
     with store.session() as s:
         s.execute(update(ScheduleRow).where(ScheduleRow.name == "a").values(grid_at=T0, next_due_at=T0))
+    before_a = row(store, "a")
     before_b = row(store, "b")
     assert before_b.next_due_at == T0 + sec(5)  # b is due too: its run would be written in the same tick
-    with pytest.raises(IntegrityError):
-        store.tick(entries, T0 + sec(5), RNG, 100)
-    assert count(store, RunRow) == 2
-    assert count(store, QueueRow) == 0
+    result = store.tick(entries, T0 + sec(5), RNG, 100)
+    assert list(result.failed) == ["a"] and "IntegrityError" in result.failed["a"]
+    assert [e.schedule for e in result.emitted] == ["b"]
+    assert count(store, RunRow, RunRow.schedule == "a") == 1  # T0 is never emitted twice
+    assert count(store, QueueRow, QueueRow.task == "proj.a") == 0
+    after_a = row(store, "a")
+    assert (after_a.grid_at, after_a.runs, after_a.active_runs, after_a.updated_at) == (
+        before_a.grid_at,
+        before_a.runs,
+        before_a.active_runs,
+        before_a.updated_at,
+    )
+    assert after_a.next_due_at == T0 + sec(5) + UNUSABLE_RETRY
     after_b = row(store, "b")
-    assert (after_b.next_due_at, after_b.active_runs) == (before_b.next_due_at, before_b.active_runs)
-    assert row(store, "a").grid_at == T0
+    assert after_b.active_runs == before_b.active_runs + 1
+    assert after_b.next_due_at == T0 + sec(10)
 
 
 def test_tick_only_handles_schedules_it_knows(store: Store) -> None:

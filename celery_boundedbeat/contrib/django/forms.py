@@ -29,7 +29,8 @@ from ...definitions import CRONTAB_FIELDS
 from ...enums import MissedTicks, Mode
 from ...exceptions import BoundedBeatError, ConfigurationError
 from ...rows import RUNTIME
-from ...schedules import MAX_NAME_LENGTH, add_schedule, update_schedule
+from ...schedules import add_schedule, update_schedule
+from ...schema import MAX_SCHEDULE_NAME, MAX_TASK_NAME
 from .conf import celery_app
 from .models import Schedule
 
@@ -155,8 +156,10 @@ def _cron(label: str) -> forms.CharField:
 class ScheduleForm(forms.ModelForm):
     """Add (every field) or change (only the fields that changed) one runtime schedule."""
 
-    name = forms.CharField(max_length=MAX_NAME_LENGTH, help_text="Unique; it cannot be changed later.")
-    task = forms.CharField(max_length=255, help_text="The registered task name, e.g. proj.tasks.report.")
+    name = forms.CharField(max_length=MAX_SCHEDULE_NAME, help_text="Unique; it cannot be changed later.")
+    task = forms.CharField(
+        max_length=MAX_TASK_NAME, help_text="The registered task name, e.g. proj.tasks.report."
+    )
     kind = forms.ChoiceField(choices=KINDS, initial="interval", label="Timing")
     every = forms.DecimalField(required=False, label="Every (seconds)", help_text="Interval timing.")
     minute = _cron("Minute")
