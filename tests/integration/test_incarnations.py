@@ -5,7 +5,8 @@ added again at once, several times in a row, each time while the previous schedu
 still working. Each schedule of the name is its own: its runs never overlap (``max_concurrency``
 1), the last one's counters equal its own runs exactly, and ``stop_schedule()`` in a removed
 schedule's run does not stop the schedule that came after it. Every run stays in the history
-with the incarnation that emitted it.
+with the incarnation that emitted it. The same holds for a ``beat_schedule`` entry dropped by
+one beat start and restored by the next while its run works (a rolled-back deploy).
 
 The add and remove calls are the Python API in this process (milliseconds apart, so the old
 run is certainly still working); the beat picks them up by NOTIFY (PostgreSQL) or by polling
@@ -110,6 +111,12 @@ def test_a_name_removed_and_added_again_while_its_runs_work_is_a_new_schedule_ea
         if not last:
             assert remove_schedule(app, NAME) is True
 
+    check_books(bb, incarnations, added_at)
+
+
+def check_books(bb: Harness, incarnations: list[str], added_at: list[datetime]) -> None:
+    """Let the earlier schedules' runs end while the last schedule runs, pause it, and check
+    that each schedule kept to its one slot and the last one's books hold its own runs only."""
     # Every earlier schedule's run ends (calling stop_schedule) while the last one ticks.
     bb.wait_until(
         lambda: all(r["finished_at"] for r in runs(bb) if r["incarnation"] != incarnations[-1]),
@@ -157,3 +164,35 @@ def test_a_name_removed_and_added_again_while_its_runs_work_is_a_new_schedule_ea
     # Every run stays in the history with the schedule that emitted it.
     assert {r["incarnation"] for r in found} == set(incarnations), shown(found)
     assert all(r["state"] == "completed" for r in found), shown(found)
+
+
+#: How long the run of the configured entry works: past two beat restarts on two busy cores.
+SURVIVES_RESTARTS = 30.0
+
+
+def test_a_config_entry_removed_and_restored_across_beat_starts_is_a_new_schedule(bb: Harness) -> None:
+    """A rolled-back deploy: one beat start drops a ``beat_schedule`` entry while its run works,
+    the next start restores it. The restored entry is a new schedule: the first one's run,
+    which calls ``stop_schedule()`` at its end, neither stops it nor frees its slot."""
+    bb.write_app({NAME: bb.entry(f"{NAME}-0", 0.5, durations=[SURVIVES_RESTARTS], stop_on=1)})
+    _worker, beat = bb.start(concurrency=4)
+    incarnations = [row(bb)["incarnation"]]
+    added_at = [
+        bb.sql("SELECT created_at FROM boundedbeat_schedules WHERE name = :n", n=NAME)[0]["created_at"]
+    ]
+    bb.wait_until(
+        lambda: any(r["started_at"] for r in of(runs(bb), incarnations[0])),
+        timeout=30,
+        what="the configured entry's first run started",
+    )
+    for config in ({}, {NAME: bb.entry(f"{NAME}-1", 0.5, durations=[WORK])}):
+        assert bb.stop(beat) == 0, beat.tail()
+        bb.write_app(config)
+        beat = bb.start_beat(migrate=False)
+        found = bb.sql("SELECT incarnation, created_at FROM boundedbeat_schedules WHERE name = :n", n=NAME)
+        assert len(found) == len(config), found
+    (restored,) = found
+    assert restored["incarnation"] not in incarnations
+    incarnations.append(restored["incarnation"])
+    added_at.append(restored["created_at"])
+    check_books(bb, incarnations, added_at)
