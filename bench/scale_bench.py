@@ -55,7 +55,7 @@ from celery_boundedbeat.engine import get_engine
 from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.policy import config_hash
 from celery_boundedbeat.rows import RUNTIME
-from celery_boundedbeat.schema import ScheduleRow
+from celery_boundedbeat.schema import ScheduleRow, new_incarnation
 from celery_boundedbeat.store import Store
 
 HERE = Path(__file__).resolve().parent
@@ -490,6 +490,7 @@ def runtime_rows(
         yield {
             **template,
             "name": spec.name,
+            "incarnation": new_incarnation(),
             "args": [i],
             "config_hash": config_hash(spec),
             "grid_at": due,

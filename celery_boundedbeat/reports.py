@@ -62,6 +62,9 @@ class ScheduleSnapshot:
     version: int
     #: The IANA zone a crontab (or solar) schedule keeps wall-clock time in; ``None`` for an interval.
     timezone: str | None = None
+    #: This incarnation of the name (``boundedbeat_schedules.incarnation``): a schedule removed
+    #: and added again under the same name has another one, and its runs settle only onto it.
+    incarnation: str | None = None
 
     @classmethod
     def from_row(cls, row: ScheduleRow) -> ScheduleSnapshot:
@@ -95,6 +98,7 @@ class ScheduleSnapshot:
             grid_runs=row.grid_runs or 0,
             version=row.version or 1,
             timezone=stored_zone(row),
+            incarnation=row.incarnation,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -118,6 +122,8 @@ class RunRecord:
     drift_ms: int | None
     worker: str | None
     error: str | None
+    #: The incarnation of ``schedule`` that emitted the run (``None``: from before migration 0009).
+    incarnation: str | None = None
 
     @classmethod
     def from_row(cls, row: RunRow) -> RunRecord:
@@ -135,6 +141,7 @@ class RunRecord:
             drift_ms=row.drift_ms,
             worker=row.worker,
             error=row.error,
+            incarnation=row.incarnation,
         )
 
     def to_json(self) -> dict[str, Any]:

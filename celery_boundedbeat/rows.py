@@ -15,7 +15,7 @@ from typing import Any
 
 from .enums import StopReason
 from .policy import EntrySpec
-from .schema import ScheduleRow
+from .schema import ScheduleRow, new_incarnation
 from .ticks import ScheduleState
 
 #: ``origin`` of a schedule from ``beat_schedule`` / ``add_periodic_task``.
@@ -28,9 +28,14 @@ COLUMNS: tuple[str, ...] = tuple(c.key for c in ScheduleRow.__table__.columns)
 
 
 def zero_values(name: str, now: datetime, *, origin: str = CONFIG) -> dict[str, Any]:
-    """A new schedule's columns with zeroed counters, as plain values for a bulk insert."""
+    """A new schedule's columns with zeroed counters, as plain values for a bulk insert.
+
+    Every new row is a new incarnation of its name: runs of an earlier schedule of the same
+    name never settle onto it.
+    """
     return {
         "name": name,
+        "incarnation": new_incarnation(),
         "origin": origin,
         "paused": False,
         "stopped": False,

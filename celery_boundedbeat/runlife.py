@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, case, delete, exists, or_, select, update
+from sqlalchemy import ColumnElement, Engine, and_, case, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from .alertlog import note_settle
@@ -57,6 +57,25 @@ def elapsed_ms(started_at: datetime | None, finished_at: datetime) -> int | None
     if started_at is None:
         return None
     return max(int((finished_at - started_at).total_seconds() * 1000), 0)
+
+
+def settles_onto(row: Any, incarnation: str | None) -> bool:
+    """Whether a run of ``incarnation`` settles onto schedule ``row`` (its name's current row).
+
+    A run of an earlier incarnation (removed, then the name added again) frees no slot and
+    touches no counter, streak, alert or stop flag of the new one. A run without one (recorded
+    before migration 0009 and not attributable then) settles by name, as it did.
+    """
+    return incarnation is None or row.incarnation == incarnation
+
+
+def runs_of(name: str, incarnation: str | None) -> ColumnElement[bool]:
+    """The runs that settle onto incarnation ``incarnation`` of schedule ``name`` (SQL criteria):
+    its own, and those of the name recorded without one (:func:`settles_onto`)."""
+    return and_(
+        RunRow.schedule == name,
+        or_(RunRow.incarnation == incarnation, RunRow.incarnation.is_(None)),
+    )
 
 
 class RunLife:
@@ -170,7 +189,7 @@ class RunLife:
         # Locked while read: a dispatcher marking the run published between this read and the
         # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
-            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error)
+            select(RunRow.schedule, RunRow.incarnation, RunRow.started_at, RunRow.state, RunRow.error)
             .where(RunRow.id == run_id)
             .with_for_update()
         ).first()
@@ -200,6 +219,7 @@ class RunLife:
         self._free_slot(
             s,
             run.schedule,
+            run.incarnation,
             state,
             elapsed,
             now=now,
@@ -214,6 +234,7 @@ class RunLife:
         self,
         s: Session,
         schedule: str,
+        incarnation: str | None,
         outcome: RunState,
         elapsed: int | None,
         *,
@@ -223,9 +244,13 @@ class RunLife:
         run_id: str,
         error: str | None = None,
     ) -> None:
-        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts."""
+        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts.
+
+        Only onto the incarnation that emitted it: a schedule removed and added again under
+        the same name is another schedule (:func:`settles_onto`).
+        """
         row = s.get(ScheduleRow, schedule, with_for_update=True)
-        if row is None:
+        if row is None or not settles_onto(row, incarnation):
             return
         self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)
         self._notify(s, SETTLED_CHANNEL, schedule)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,12 +67,21 @@ class Base(DeclarativeBase):
     )
 
 
+def new_incarnation() -> str:
+    """A fresh incarnation reference: a random UUID, so no later schedule of a name can reuse it
+    (an integer key could come back on SQLite after a delete of the highest row)."""
+    return str(uuid.uuid4())
+
+
 class ScheduleRow(Base):
     """One schedule: its policy, counters, and the times the beat must look at it."""
 
     __tablename__ = "boundedbeat_schedules"
 
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    #: This incarnation of the name: set when the row is created (an add, or a config entry's
+    #: first reconcile) and never changed or reused. Its runs carry it and settle only onto it.
+    incarnation: Mapped[str] = mapped_column(String(36), unique=True, default=new_incarnation)
     task: Mapped[str] = mapped_column(String(255))
     mode: Mapped[str] = mapped_column(String(32))
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -146,6 +156,10 @@ class RunRow(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     schedule: Mapped[str] = mapped_column(String(200))
+    #: The incarnation of ``schedule`` that emitted the run (``boundedbeat_schedules.incarnation``);
+    #: ``None`` for runs from before migration 0009 that could not be attributed (they settle
+    #: onto the schedule of their name, as before).
+    incarnation: Mapped[str | None] = mapped_column(String(36), nullable=True)
     task: Mapped[str] = mapped_column(String(255))
     state: Mapped[str] = mapped_column(String(16))
     scheduled_for: Mapped[datetime] = mapped_column(UTCDateTime)

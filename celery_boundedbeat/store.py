@@ -67,7 +67,7 @@ from .held import (
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
-from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms
+from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms, runs_of
 from .schema import IterationRow, LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
@@ -143,13 +143,23 @@ class ExpiredMessage:
 
 
 def emission_rows(
-    spec: EntrySpec, schedule: str, emission: Emission, now: datetime, expires_after: float | None
+    spec: EntrySpec,
+    schedule: str,
+    emission: Emission,
+    now: datetime,
+    expires_after: float | None,
+    *,
+    incarnation: str,
 ) -> tuple[dict[str, Any], dict[str, Any], EmittedRun]:
-    """The run row, the queue row and the log record of one emitted run (``task_id`` = run id)."""
+    """The run row, the queue row and the log record of one emitted run (``task_id`` = run id).
+
+    The run carries the schedule's ``incarnation``: it settles onto that schedule only.
+    """
     run_id = str(uuid.uuid4())
     run = {
         "id": run_id,
         "schedule": schedule,
+        "incarnation": incarnation,
         "task": spec.task,
         "state": RunState.QUEUED.value,
         "scheduled_for": emission.scheduled_for,
@@ -205,7 +215,9 @@ def record_outcome(
     for emission in outcome.emit:
         if emission.backfilled:
             continue
-        run, queued, emitted = emission_rows(spec, row.name, emission, now, expires_after)
+        run, queued, emitted = emission_rows(
+            spec, row.name, emission, now, expires_after, incarnation=row.incarnation
+        )
         run_rows.append(run)
         queue_rows.append(queued)
         result.emitted.append(emitted)
@@ -235,8 +247,11 @@ def _due(now: datetime, limit: int) -> Any:
     )
 
 
-def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) -> list[Any]:
+def _replaceable(s: Session, row: Any, policy: Policy, state: ScheduleState) -> list[Any]:
     """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, all of them at most.
+
+    Only runs of this incarnation of the schedule hold its slots: an earlier schedule's run
+    of the same name is left alone.
 
     Locked, skipping rows another transaction holds: a run a worker is settling right now is
     left alone (its settle frees its slot once this tick commits); waiting for it could
@@ -246,7 +261,7 @@ def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) ->
         return []
     query = (
         select(RunRow.id, RunRow.started_at)
-        .where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+        .where(runs_of(row.name, row.incarnation), RunRow.state.in_(_ACTIVE))
         .order_by(RunRow.scheduled_for)
         .limit(state.active_runs)
         .with_for_update(skip_locked=True)
@@ -372,13 +387,14 @@ class Store(RunLife):
                     return []
         with self.session() as s:
             try:
-                runtime_row(s, name)
+                held = runtime_row(s, name)
             except UnknownScheduleError:
                 return None
             revoked: list[str] = []
-            if revoke_active:
+            if revoke_active:  # this schedule's runs: an earlier one's of the name run on
+                incarnation = held.rows[name].incarnation
                 active = s.scalars(
-                    select(RunRow.id).where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+                    select(RunRow.id).where(runs_of(name, incarnation), RunRow.state.in_(_ACTIVE))
                 ).all()
                 for run_id in active:
                     if self.settle_in(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
@@ -503,14 +519,14 @@ class Store(RunLife):
                     result.unusable.append(row.name)
                     continue
                 state = state_of(row)
-                victims = _replaceable(s, row.name, spec.policy, state)
+                victims = _replaceable(s, row, spec.policy, state)
                 outcome = on_due(spec.policy, spec.timing, state, now, rng, revocable=len(victims))
                 if outcome.revoke:
                     result.revoked.extend(_revoke_replaced(s, victims[: outcome.revoke], now))
                     row.last_finished_at = now
                 if any(e.backfilled for e in outcome.emit):
                     outcome = self._write_backfilled(
-                        s, spec, row.name, outcome, now, expires_after, result, queue_rows
+                        s, spec, row, outcome, now, expires_after, result, queue_rows
                     )
                 record_outcome(row, spec, outcome, now, expires_after, result, run_rows, queue_rows)
             write = self._write_tick_pg if self.is_postgres else self._write_tick
@@ -556,7 +572,7 @@ class Store(RunLife):
         self,
         s: Session,
         spec: EntrySpec,
-        name: str,
+        row: Any,
         outcome: TickOutcome,
         now: datetime,
         expires_after: float | None,
@@ -571,11 +587,14 @@ class Store(RunLife):
         the runs written join ``queue_rows``, inserted with the tick's others.
         """
         runs = cast(Table, RunRow.__table__)
+        name = row.name
         taken: list[datetime] = []
         for emission in outcome.emit:
             if not emission.backfilled:
                 continue
-            run, queue_row, emitted = emission_rows(spec, name, emission, now, expires_after)
+            run, queue_row, emitted = emission_rows(
+                spec, name, emission, now, expires_after, incarnation=row.incarnation
+            )
             inserted = s.execute(
                 self._insert_if_free(runs).values(**run).returning(runs.c.id)
             ).scalar_one_or_none()

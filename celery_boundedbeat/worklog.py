@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
 from .held import HeldRows, driver_connection, driver_cursor, hold_pg, pipeline, write_changed
-from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms
+from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms, settles_onto
 from .store import Store
 
 
@@ -86,7 +86,7 @@ _PG_START = """
 #: The batch's runs, locked in id order, so two batches (or a batch and the reaper) cannot
 #: deadlock on them.
 _PG_RUNS = """
-    SELECT id, schedule, started_at, state, error FROM boundedbeat_runs
+    SELECT id, schedule, incarnation, started_at, state, error FROM boundedbeat_runs
     WHERE id = ANY(CAST(%(ids)s AS text[])) ORDER BY id FOR UPDATE
 """
 
@@ -110,6 +110,7 @@ _PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS 
 class _Run(NamedTuple):
     id: str
     schedule: str
+    incarnation: str | None
     started_at: datetime | None
     state: str
     error: str | None
@@ -198,7 +199,7 @@ def _write_pg(
         with pipeline(conn):
             _write_finished(s, finished)
             held = hold_pg(s, _LOCK_SCHEDULES, {"names": names})
-        _count_on_schedules(store, s, held, [x for x in settled if x is not None], finished, rng)
+        _count_on_schedules(store, s, held, runs, [x for x in settled if x is not None], finished, rng)
     for o in repeats:  # a second report of a run this batch settled: as it would be after it
         first, _ = finished[o.run_id]
         if first.state.value in _DECIDED_WITHOUT_THE_TASK and first.state != o.state:
@@ -269,14 +270,16 @@ def _count_on_schedules(
     store: Store,
     s: Session,
     rows: HeldRows,
+    runs: dict[str, _Run],
     settled: Sequence[Settled],
     finished: _Finished,
     rng: random.Random,
 ) -> None:
-    """Free each settled run's slot on its schedule (held, locked), in report order."""
+    """Free each settled run's slot on its schedule (held, locked), in report order: only on
+    the incarnation that emitted it (:func:`~.runlife.settles_onto`)."""
     for x in settled:
         row = rows.get(x.schedule)
-        if row is None:
+        if row is None or not settles_onto(row, runs[x.run_id].incarnation):
             continue
         report, elapsed = finished[x.run_id]
         store.count_settled(

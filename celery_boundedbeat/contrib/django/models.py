@@ -33,6 +33,12 @@ class Schedule(models.Model):
     """One schedule, its policy and counters (``boundedbeat_schedules``)."""
 
     name = models.CharField(max_length=200, primary_key=True)
+    incarnation = models.CharField(
+        max_length=36,
+        unique=True,
+        editable=False,
+        help_text="This schedule of the name: a new one when the name is removed and added again.",
+    )
     task = models.CharField(max_length=255)
     mode = models.CharField(max_length=32, choices=[(m.value, m.value) for m in Mode])
     schedule = models.CharField(max_length=500)
@@ -88,6 +94,12 @@ class Run(models.Model):
 
     id = models.CharField(max_length=36, primary_key=True)
     schedule = models.CharField(max_length=200)
+    incarnation = models.CharField(
+        max_length=36,
+        null=True,
+        editable=False,
+        help_text="The incarnation of the schedule that emitted the run (its schedule's incarnation).",
+    )
     task = models.CharField(max_length=255)
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in RunState])
     scheduled_for = models.DateTimeField(help_text="The grid tick this run belongs to.")
