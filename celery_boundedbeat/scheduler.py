@@ -664,6 +664,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Stop the dispatcher and listener, give up the lease so a standby takes over at once."""
         if self._closed:
             return
+        if self._ahead is not None and self._ahead.publishing_here():
+            # A signal handler (Celery's SIGTERM handler) that interrupted a prepared tick's
+            # publish in this thread, where its signal could not be held: the SystemExit it
+            # raises next unwinds the publish, which records what the broker took and gives
+            # back the rest; Celery's beat calls close() again after that.
+            return
         self._closed = True
         grace = self.settings.shutdown_grace if self._settings else 1.0
         if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
@@ -687,21 +693,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
 
         A tick committed just before SIGTERM would otherwise wait in the queue for the next
-        beat or dispatcher; Celery's SIGTERM handler calls this in the beat thread, possibly in
-        the middle of a prepared tick's publish, whose rows are given back and published here.
-        The drain runs in a daemon thread so a broker that hangs cannot hold the shutdown;
-        whatever it leaves stays queued, not lost. A beat that no longer holds the lease
+        beat or dispatcher; the rows a prepared tick's interrupted publish gave back (the ones
+        the broker had not taken) are published here. The drain runs in a daemon thread so a
+        broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
+        A beat that no longer holds the lease
         publishes nothing (the dispatcher's ``may_run``).
         """
         stop = threading.Event()
-        ahead = self._ahead
-
-        def last() -> None:
-            if ahead is not None:
-                ahead.give_back()  # a prepared tick's publish cut short by the signal
-            dispatcher.drain(stop)
-
-        drain = threading.Thread(target=last, name="boundedbeat-last-drain", daemon=True)
+        drain = threading.Thread(
+            target=lambda: dispatcher.drain(stop), name="boundedbeat-last-drain", daemon=True
+        )
         drain.start()
         drain.join(grace)
         stop.set()  # a drain still going stops after its current batch
