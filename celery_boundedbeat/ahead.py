@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -66,8 +66,8 @@ class AheadTicker:
         #: one is expected to hold: the last preparation's, or more if a tick emitted more.
         self._per_run = ASSUMED_PER_RUN
         self._last_runs = 0
-        #: The thread between a prepared tick's commit and the record of its publish, if any.
-        self._publishing: int | None = None
+        #: The thread in :meth:`run`, if any.
+        self._running: int | None = None
 
     @property
     def lead(self) -> float:
@@ -89,13 +89,25 @@ class AheadTicker:
         """Prepare the tick at ``due``, wait for it, commit and publish.
 
         Returns the committed tick (``None`` if nothing was certain enough to prepare) and
-        whether a message failed to publish (the dispatcher loop then retries it). A stop
-        signal received meanwhile takes effect when it returns (:func:`held_stop_signals`).
-        """
-        with held_stop_signals() as stopping:
-            return self._run(due, stopping)
+        whether a message failed to publish (the dispatcher loop then retries it).
 
-    def _run(self, due: datetime, stopping: threading.Event) -> tuple[TickResult | None, bool]:
+        A stop signal from the commit to the record of the publish waits for that record
+        (:func:`held_stop_signals`). Before the commit it goes through: Celery's handler calls
+        ``Scheduler.close()``, which leaves the work to this call's unwinding
+        (:meth:`running_here`), and the SystemExit it raises drops the tick uncommitted, its
+        transaction rolled back, before the beat closes.
+        """
+        self._running = threading.get_ident()
+        try:
+            return self._run(due)
+        finally:
+            self._running = None
+
+    def running_here(self) -> bool:
+        """Whether this thread is in :meth:`run`: true inside a signal handler that interrupted it."""
+        return self._running == threading.get_ident()
+
+    def _run(self, due: datetime) -> tuple[TickResult | None, bool]:
         started = time.monotonic()
         prepared = prepare_tick(
             self.store,
@@ -109,31 +121,22 @@ class AheadTicker:
         )
         if prepared is None:
             return None, False
-        try:
-            # Held until the publish: its frames are built for that producer's channel.
-            ready = self._publisher.prepare(prepared.claimed, hold=True)
-            self._last_runs = len(prepared.claimed)
-            self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
-            # A stop signal during the lead ends the wait: the tick is dropped, not published.
-            waited = sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK, stop=stopping)
-            if not waited or stopping.is_set() or not self.still_leading():
+        with ExitStack() as held:
+            try:
+                # Held until the publish: its frames are built for that producer's channel.
+                ready = self._publisher.prepare(prepared.claimed, hold=True)
+                self._last_runs = len(prepared.claimed)
+                self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
+                if not sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK) or not self.still_leading():
+                    prepared.abandon()
+                    self._publisher.close()
+                    return None, False
+                held.enter_context(held_stop_signals())
+            except BaseException:
                 prepared.abandon()
                 self._publisher.close()
-                return None, False
-        except BaseException:
-            prepared.abandon()
-            self._publisher.close()
-            raise
-        return prepared.result, self._commit_and_publish(prepared, ready)
-
-    def publishing_here(self) -> bool:
-        """Whether this thread is between a prepared tick's commit and the record of its publish.
-
-        True inside a signal handler that interrupted it (Celery's SIGTERM handler calls
-        ``Scheduler.close()`` where the beat thread is, then raises SystemExit): the close must
-        leave the tick's rows to the publish, which records them as it unwinds.
-        """
-        return self._publishing == threading.get_ident()
+                raise
+            return prepared.result, self._commit_and_publish(prepared, ready)
 
     def _commit_and_publish(self, prepared: PreparedTick, ready: dict[int, Ready]) -> bool:
         """Commit, publish and record; whether a message failed to publish.
@@ -145,7 +148,6 @@ class AheadTicker:
         claimed = prepared.claimed
         self._publisher.handed = []
         sent: list[Claimed] | None = None  # what the broker took, once the publish returned
-        self._publishing = threading.get_ident()
         try:
             deadline = self._deadline(prepared.due)
             prepared.commit()
@@ -156,8 +158,6 @@ class AheadTicker:
             self._publisher.close()
             self._settle(claimed, self._publisher.handed if sent is None else sent)
             raise
-        finally:
-            self._publishing = None
 
     def _deadline(self, due: datetime) -> float:
         """When the publish stops, on the monotonic clock.
@@ -209,33 +209,30 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
-def held_stop_signals() -> Iterator[threading.Event]:
+def held_stop_signals() -> Iterator[None]:
     """SIGTERM and SIGINT received in the block take effect at its end, not in its middle.
 
-    In a prepared tick's publish the handler cut it at an arbitrary message, in the middle of
-    its record even, with the record's transaction left open while the last drain ran; in the
-    lead it ran the drain with the preparation's row locks held. Held here, the block ends
-    first (the event it gets is set, so a wait for the due time ends at once and the tick is
-    dropped; a publish ends and is recorded, bounded by its deadline), then the signal is
+    Celery's beat handler calls ``Scheduler.close()`` and raises SystemExit wherever the beat
+    thread is: in a prepared tick's publish that cut it at an arbitrary message, in its
+    record even, with the record's transaction left open while the last drain ran. Held
+    here, the publish ends and is recorded (its deadline bounds it), then the signal is
     raised again for its own handler. Only the main thread sets handlers (and runs them):
     elsewhere nothing is held, and no handler can interrupt the block either.
     """
-    stopping = threading.Event()
     if threading.current_thread() is not threading.main_thread():
-        yield stopping
+        yield
         return
     caught: list[int] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
-        stopping.set()
 
     previous: dict[signal.Signals, Any] = {}
-    for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) is not None:  # None: set outside Python, could not be put back
-            previous[sig] = signal.signal(sig, hold)
     try:
-        yield stopping
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: set outside Python, could not be put back
+                previous[sig] = signal.signal(sig, hold)
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -254,21 +251,16 @@ def sleep_until(
     longest: float,
     now: Callable[[], datetime] = utcnow,
     sleep: Callable[[float], None] = time.sleep,
-    stop: threading.Event | None = None,
 ) -> bool:
     """Until the wall clock reads ``due``: never a moment before (nothing is published early).
 
     False, at once, when ``due`` is more than ``longest`` seconds away: the clock was stepped
     back, and waiting for it would hold the tick's transaction and the beat for as long as the
     step (an hour, a day) while the lease went unrenewed. The caller abandons the tick; the
-    beat's next look finds the schedule due when the clock reaches it. False as soon as
-    ``stop`` is set too (a stop signal: the tick is dropped rather than published).
+    beat's next look finds the schedule due when the clock reaches it.
     """
     while (left := (due - now()).total_seconds()) > 0:
         if left > longest:
             return False
-        if stop is None:
-            sleep(left)
-        elif stop.wait(left):
-            return False
+        sleep(left)
     return True

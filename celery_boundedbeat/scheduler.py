@@ -123,6 +123,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
         self._closed = False
+        #: A close() that came while a prepared tick ran in this thread, done once it ended.
+        self._close_deferred = False
         #: The ``/metrics`` endpoint, when ``boundedbeat_metrics_port`` is set.
         self._metrics: MetricsExporter | None = None
         #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
@@ -338,7 +340,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._wake.clear()  # something changed meanwhile: look again first
             return True
         try:
-            prepared, failed = ahead.run(due)
+            prepared, failed = self._run_ahead(ahead, due)
         except Exception as exc:
             self._failed("prepared tick", exc, utcnow())
             return True
@@ -366,7 +368,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return False
         self._first_look = False
         try:
-            prepared, failed = ahead.run(now)
+            prepared, failed = self._run_ahead(ahead, now)
         except Exception as exc:
             self._failed("prepared tick", exc, now)
             return False  # the regular tick does the work
@@ -374,6 +376,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return False
         self._prepared_done(prepared, failed, now)
         return True
+
+    def _run_ahead(self, ahead: AheadTicker, due: datetime) -> tuple[TickResult | None, bool]:
+        """``ahead.run(due)``, and the close a signal handler asked for meanwhile, then SystemExit.
+
+        The handler's own SystemExit normally ends the tick and Celery's beat closes after it;
+        closing here too stops the beat even when an error raised while the tick unwound (a
+        rollback on an interrupted connection) took the SystemExit's place.
+        """
+        try:
+            return ahead.run(due)
+        finally:
+            if self._close_deferred:
+                self._close_deferred = False
+                self.close()
+                raise SystemExit()
 
     def _prepared_done(self, prepared: TickResult, failed: bool, due: datetime) -> None:
         """After a tick committed and published by :class:`~.ahead.AheadTicker`."""
@@ -664,11 +681,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Stop the dispatcher and listener, give up the lease so a standby takes over at once."""
         if self._closed:
             return
-        if self._ahead is not None and self._ahead.publishing_here():
-            # A signal handler (Celery's SIGTERM handler) that interrupted a prepared tick's
-            # publish in this thread, where its signal could not be held: the SystemExit it
-            # raises next unwinds the publish, which records what the broker took and gives
-            # back the rest; Celery's beat calls close() again after that.
+        if self._ahead is not None and self._ahead.running_here():
+            # A signal handler (Celery's SIGTERM handler) that interrupted a prepared tick in
+            # this thread: the SystemExit it raises next unwinds the tick, which rolls back its
+            # preparation or records what the broker took and gives back the rest, with no
+            # transaction left open; the close follows (:meth:`_run_ahead`).
+            self._close_deferred = True
             return
         self._closed = True
         grace = self.settings.shutdown_grace if self._settings else 1.0

@@ -56,7 +56,32 @@ def _scheduler(url: str, **conf: object) -> Scheduler:
     )
     scheduler = Scheduler(app, max_interval=0.01)
     assert scheduler._dispatch_loop is not None and scheduler._dispatch_loop.stop(grace=10)
+    dispatcher = scheduler._dispatcher
+    assert dispatcher is not None
+    drain = dispatcher.drain
+
+    def last_drain(*args: Any, **kwargs: Any) -> Any:
+        OPEN_DURING_DRAIN[scheduler] = open_transactions(scheduler)
+        return drain(*args, **kwargs)
+
+    dispatcher.drain = last_drain  # type: ignore[method-assign]
     return scheduler
+
+
+#: Transactions left open (idle, their locks held) when a beat's last drain started.
+OPEN_DURING_DRAIN: dict[Scheduler, int] = {}
+
+
+def open_transactions(scheduler: Scheduler) -> int:
+    with scheduler.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state LIKE 'idle in transaction%'"
+                )
+            ).scalar_one()
+        )
 
 
 def messages(scheduler: Scheduler) -> Counter[str]:
@@ -114,6 +139,7 @@ def check_once(scheduler: Scheduler, stopped_at: float) -> None:
     assert {r.id: counts[r.id] for r in runs} == {r.id: 1 for r in runs}, counts
     assert all(r.state == RunState.PUBLISHED for r in runs), [(r.schedule, r.state) for r in runs]
     assert claimed_rows(scheduler) == 0, "rows left claimed until the claim expires"
+    assert OPEN_DURING_DRAIN.pop(scheduler) == 0, "the last drain ran with a transaction of the beat open"
     # The stop never waited on a lock of its own open transaction (that took the whole grace).
     assert took < GRACE / 2, f"the stop took {took:.1f} s"
 
@@ -181,6 +207,20 @@ def test_close_between_the_commit_and_the_publish_leaves_no_row_claimed(
 
     monkeypatch.setattr(PreparedTick, "commit", commit)
     check_once(scheduler, run_until_stopped(scheduler))
+
+
+def test_close_during_the_lead_drops_the_tick_with_its_transaction(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler runs while the prepared tick waits for its due time, its transaction open
+    with the schedules locked: the tick is dropped and rolled back before the last drain runs."""
+    scheduler = _scheduler(postgres_url)
+    interrupt = sigterm_handler(scheduler)
+    monkeypatch.setattr(ahead_module, "sleep_until", lambda *args, **kwargs: interrupt())
+    stopped_at = run_until_stopped(scheduler)
+    assert time.monotonic() - stopped_at < GRACE / 2
+    assert OPEN_DURING_DRAIN.pop(scheduler) == 0, "the last drain ran with the preparation open"
+    assert scheduler.store.runs(limit=50) == [] and claimed_rows(scheduler) == 0 and not messages(scheduler)
 
 
 def test_a_real_sigterm_during_a_prepared_publish_waits_for_its_record(
