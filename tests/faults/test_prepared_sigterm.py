@@ -23,11 +23,11 @@ from .support import holder_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SCHEDULES, PERIOD = 300, 2.0
+SCHEDULES, PERIOD = 500, 2.0
 #: Beats started: the first holds the lease, each of the others takes over from a stopped one.
-BEATS = 5
+BEATS = 7
 #: Where after the due instant each SIGTERM lands: from the commit to the end of the publish.
-OFFSETS = (0.005, 0.03, 0.06, 0.12)
+OFFSETS = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15)
 CONF = {
     "boundedbeat_prepare_ahead": 0.5,
     "boundedbeat_lease_ttl": 6.0,
