@@ -714,8 +714,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         beat or dispatcher; the rows a prepared tick's interrupted publish gave back (the ones
         the broker had not taken) are published here. The drain runs in a daemon thread so a
         broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
-        A beat that no longer holds the lease
-        publishes nothing (the dispatcher's ``may_run``).
+        A beat that no longer holds the lease publishes nothing (the dispatcher's ``may_run``).
         """
         stop = threading.Event()
         drain = threading.Thread(
