@@ -4,21 +4,28 @@
 time; here the beat builds the messages of its runs meanwhile (:meth:`Publisher.prepare`),
 waits for the due instant, commits, and publishes them at once under the claim of its own
 dispatcher, then marks them published. A run whose message the broker did not take goes back
-to the queue for the dispatcher loop, exactly as a run it had claimed itself.
+to the queue for the dispatcher loop, exactly as a run it had claimed itself. A stop signal
+waits for the end of that record (:func:`held_stop_signals`); a publish cut short all the same
+records the rows it handed to the broker and gives back only the others.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
+from types import FrameType
+from typing import Any
 
 from celery import Celery
 
 from .claims import Claimed
-from .dispatch import claim_margin
+from .dispatch import claim_margin, retried_mark
 from .prepared import PreparedTick, Resolve, prepare_tick
 from .publish import Publisher, Ready
 from .settings import MAX_PREPARE_AHEAD, Settings
@@ -59,8 +66,8 @@ class AheadTicker:
         #: one is expected to hold: the last preparation's, or more if a tick emitted more.
         self._per_run = ASSUMED_PER_RUN
         self._last_runs = 0
-        #: The committed rows being published now: their claims are given back if it is cut short.
-        self.in_flight: list[Claimed] = []
+        #: The thread in :meth:`run`, if any.
+        self._running: int | None = None
 
     @property
     def lead(self) -> float:
@@ -83,7 +90,24 @@ class AheadTicker:
 
         Returns the committed tick (``None`` if nothing was certain enough to prepare) and
         whether a message failed to publish (the dispatcher loop then retries it).
+
+        A stop signal from the commit to the record of the publish waits for that record
+        (:func:`held_stop_signals`). Before the commit it goes through: Celery's handler calls
+        ``Scheduler.close()``, which leaves the work to this call's unwinding
+        (:meth:`running_here`), and the SystemExit it raises drops the tick uncommitted, its
+        transaction rolled back, before the beat closes.
         """
+        self._running = threading.get_ident()
+        try:
+            return self._run(due)
+        finally:
+            self._running = None
+
+    def running_here(self) -> bool:
+        """Whether this thread is in :meth:`run`: true inside a signal handler that interrupted it."""
+        return self._running == threading.get_ident()
+
+    def _run(self, due: datetime) -> tuple[TickResult | None, bool]:
         started = time.monotonic()
         prepared = prepare_tick(
             self.store,
@@ -97,60 +121,123 @@ class AheadTicker:
         )
         if prepared is None:
             return None, False
-        try:
-            # Held until the publish: its frames are built for that producer's channel.
-            ready = self._publisher.prepare(prepared.claimed, hold=True)
-            self._last_runs = len(prepared.claimed)
-            self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
-            if not sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK) or not self.still_leading():
+        with ExitStack() as held:
+            try:
+                # Held until the publish: its frames are built for that producer's channel.
+                ready = self._publisher.prepare(prepared.claimed, hold=True)
+                self._last_runs = len(prepared.claimed)
+                self._per_run = (time.monotonic() - started) / max(1, self._last_runs)
+                if not sleep_until(due, longest=self.lead + CLOCK_STEP_SLACK) or not self.still_leading():
+                    prepared.abandon()
+                    self._publisher.close()
+                    return None, False
+                held.enter_context(held_stop_signals())
+            except BaseException:
                 prepared.abandon()
                 self._publisher.close()
-                return None, False
-            # The claim is counted from the commit: the publish must end before it expires.
-            timeout = self.settings.dispatch_claim_timeout
-            deadline = time.monotonic() + timeout - claim_margin(timeout)
+                raise
+            return prepared.result, self._commit_and_publish(prepared, ready)
+
+    def _commit_and_publish(self, prepared: PreparedTick, ready: dict[int, Ready]) -> bool:
+        """Commit, publish and record; whether a message failed to publish.
+
+        Cut short anywhere (SystemExit from a signal handler, an error), the rows the broker
+        took or may have taken are recorded published and only the others go back to the
+        queue, at once: giving back a row whose message was written published it twice.
+        """
+        claimed = prepared.claimed
+        self._publisher.handed = []
+        sent: list[Claimed] | None = None  # what the broker took, once the publish returned
+        try:
+            deadline = self._deadline(prepared.due)
             prepared.commit()
-        except BaseException:
-            prepared.abandon()
+            sent, error = self._publisher.publish(claimed, deadline=deadline, ready=ready)
             self._publisher.close()
-            raise
-        self.in_flight = prepared.claimed
-        try:
-            failed = self._publish(prepared, ready, deadline)
+            return self._record(claimed, sent, error)
         except BaseException:
-            # Stopped between the commit and the end of the publish: give the rows back at
-            # once, so the next beat or dispatcher publishes them without waiting out the claim.
-            self.give_back()
+            self._publisher.close()
+            self._settle(claimed, self._publisher.handed if sent is None else sent)
             raise
-        finally:
-            self.in_flight = []
-        return prepared.result, failed
 
-    def give_back(self) -> None:
-        """Release the claims of a publish that was interrupted (SIGTERM's handler runs in the
-        beat thread, in the middle of it); rows already marked published have left the queue."""
-        claimed, self.in_flight = self.in_flight, []
-        if not claimed:
-            return
-        try:
-            self.store.release_claims(self.claimer, claimed, "beat stopping")
-        except Exception:
-            logger.warning("celery_boundedbeat: could not give back a prepared tick's rows", exc_info=True)
+    def _deadline(self, due: datetime) -> float:
+        """When the publish stops, on the monotonic clock.
 
-    def _publish(self, prepared: PreparedTick, ready: dict[int, Ready], deadline: float) -> bool:
-        done, error = self._publisher.publish(prepared.claimed, deadline=deadline, ready=ready)
-        self._publisher.close()
+        The claim runs from ``due`` (:func:`.prepared.prepare_tick` writes ``due +
+        dispatch_claim_timeout``), so the deadline counts from ``due`` too: a commit later than
+        ``due`` (a tick found late, a long preparation) leaves the publish that much less time
+        instead of letting it outlive the claim another dispatcher may then take over.
+        """
+        timeout = self.settings.dispatch_claim_timeout
+        late = max(0.0, (utcnow() - due).total_seconds())
+        return time.monotonic() - late + timeout - claim_margin(timeout)
+
+    def _record(self, claimed: list[Claimed], done: list[Claimed], error: str | None) -> bool:
+        """Mark what the broker took (retried as the dispatcher's mark), give back the rest."""
         try:
-            self.store.mark_published(self.claimer, done, utcnow())
+            self._mark(done)
             if error is not None:
                 accepted = {row.id for row in done}
-                left = [row for row in prepared.claimed if row.id not in accepted]
-                self.store.release_claims(self.claimer, left, error)
+                self.store.release_claims(self.claimer, [r for r in claimed if r.id not in accepted], error)
         except Exception:
             # The claims expire and the dispatcher takes the rows over (same task ids).
             logger.warning("celery_boundedbeat: recording a prepared tick's publish failed", exc_info=True)
             return True
         return error is not None
+
+    def _mark(self, rows: list[Claimed]) -> None:
+        """The dispatcher's mark, retried the same way (:func:`.dispatch.retried_mark`)."""
+        retried_mark(lambda: self.store.mark_published(self.claimer, rows, utcnow()), "a prepared tick")
+
+    def _settle(self, claimed: list[Claimed], sent: list[Claimed]) -> None:
+        """After a cut-short publish: ``sent`` is published, the rest goes back to the queue now.
+
+        Nothing of the interrupted transaction is left open (it was rolled back as the
+        exception unwound it), so a stopping beat holds no lock through its last drain.
+        """
+        ids = {row.id for row in sent}
+        try:
+            if sent:
+                self._mark(sent)
+            self.store.release_claims(self.claimer, [r for r in claimed if r.id not in ids], "beat stopping")
+        except Exception:
+            logger.warning("celery_boundedbeat: could not record an interrupted prepared tick", exc_info=True)
+
+
+#: The signals Celery's beat stops on: its handler calls ``Scheduler.close()``, then raises
+#: SystemExit wherever the beat thread is.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def held_stop_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT received in the block take effect at its end, not in its middle.
+
+    Celery's beat handler calls ``Scheduler.close()`` and raises SystemExit wherever the beat
+    thread is: in a prepared tick's publish that cut it at an arbitrary message, in its
+    record even, with the record's transaction left open while the last drain ran. Held
+    here, the publish ends and is recorded (its deadline bounds it), then the signal is
+    raised again for its own handler. Only the main thread sets handlers (and runs them):
+    elsewhere nothing is held, and no handler can interrupt the block either.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not None:  # None: set outside Python, could not be put back
+                previous[sig] = signal.signal(sig, hold)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 #: Seconds a prepared tick may find itself further from its due time than its lead: more means

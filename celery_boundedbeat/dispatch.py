@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from celery import Celery
 
@@ -32,6 +33,8 @@ from .store import ExpiredMessage, Store, utcnow
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 
+T = TypeVar("T")
+
 
 def claim_margin(claim_timeout: float) -> float:
     """How long before its claim expires a dispatcher stops publishing a batch.
@@ -40,6 +43,31 @@ def claim_margin(claim_timeout: float) -> float:
     time one message takes to write: a tenth of the claim, at least 1 s, at most half.
     """
     return min(max(1.0, claim_timeout / 10), claim_timeout / 2)
+
+
+#: Attempts at recording a published batch, and the pause before the n-th retry (n x this).
+MARK_ATTEMPTS = 3
+MARK_RETRY_PAUSE = 0.2
+
+
+def retried_mark(record: Callable[[], T], what: str = "a published batch") -> T:
+    """``record()``, tried again after a transient database error (a restart, a pooler reset).
+
+    Recording what the broker took is the one write that must not be lost to a blip: failing
+    it leaves the rows claimed, and whoever takes them over when the claim expires publishes
+    them again (the same task ids, but a second execution). The dispatcher and a prepared
+    tick both record through here. A connection that broke is invalidated by SQLAlchemy, so
+    the next attempt gets a fresh one.
+    """
+    for attempt in range(MARK_ATTEMPTS):
+        try:
+            return record()
+        except Exception:
+            if attempt == MARK_ATTEMPTS - 1:
+                raise
+            logger.warning("celery_boundedbeat: recording %s failed; retrying", what, exc_info=True)
+            time.sleep(MARK_RETRY_PAUSE * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 class Dispatcher:
@@ -193,19 +221,12 @@ class Dispatcher:
         (the same task ids, but a second execution).
         """
         timeout = self.settings.dispatch_claim_timeout
-        for attempt in range(3):
-            try:
-                deadline = time.monotonic() + timeout - claim_margin(timeout)
-                rows = self.store.mark_and_claim(self.name, done, utcnow(), wanted, timeout)
-                return rows, deadline
-            except Exception:
-                if attempt == 2:
-                    raise
-                logger.warning(
-                    "celery_boundedbeat: recording a published batch failed; retrying", exc_info=True
-                )
-                time.sleep(0.2 * (attempt + 1))
-        raise AssertionError("unreachable")
+
+        def record() -> tuple[list[Claimed], float]:
+            deadline = time.monotonic() + timeout - claim_margin(timeout)
+            return self.store.mark_and_claim(self.name, done, utcnow(), wanted, timeout), deadline
+
+        return retried_mark(record)
 
     def _report_outage(self, error: str) -> None:
         if not self.broker_down:

@@ -63,6 +63,11 @@ class Publisher:
         self._held: ExitStack | None = None
         self._held_producer: Any = None
         self._framer: Framer | None = None
+        #: The rows of the current (or last) :meth:`publish` handed to the broker so far, in
+        #: order: each is added just before the write that may carry its message. A publish cut
+        #: short by an exception (SystemExit from a signal handler) leaves here every row the
+        #: broker took or may have taken, so none of them is ever given back to be sent again.
+        self.handed: list[Claimed] = []
 
     @property
     def confirms(self) -> bool:
@@ -87,6 +92,7 @@ class Publisher:
         """
         publisher = self._confirming
         done: list[Claimed] = []
+        self.handed = []
         first_tag = 0
         expired = False
         try:
@@ -165,6 +171,8 @@ class Publisher:
     ) -> bool:
         """Publish ``rows`` into ``chunk``; frames built ahead go out in one write per run of them."""
         frames: list[bytes] = []
+        framed: list[Claimed] = []  # the rows of ``frames``, handed at their write
+        handed = self.handed
         expired = False
         for row in rows:
             if monotonic() >= deadline:
@@ -175,16 +183,21 @@ class Publisher:
                 if built.tracked:
                     cache.backend.on_task_call(producer, built.task_id)
                 frames.append(built.frames)
+                framed.append(row)
             else:
                 if frames and framer is not None:
+                    handed.extend(framed)
+                    framed.clear()
                     framer.write(b"".join(frames))
                     frames.clear()
+                handed.append(row)
                 if built is None:
                     self._publish_row(producer, row, cache, declared)
                 else:
                     self._deliver(producer, built, cache)
             chunk.append(row)
         if frames and framer is not None:
+            handed.extend(framed)
             framer.write(b"".join(frames))
         return expired
 

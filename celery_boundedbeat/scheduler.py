@@ -123,6 +123,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._reap_not_before = 0.0
         self._next_housekeeping_at = 0.0
         self._closed = False
+        #: A close() that came while a prepared tick ran in this thread, done once it ended.
+        self._close_deferred = False
         #: The ``/metrics`` endpoint, when ``boundedbeat_metrics_port`` is set.
         self._metrics: MetricsExporter | None = None
         #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
@@ -357,7 +359,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._wake.clear()  # something changed meanwhile: look again first
             return True
         try:
-            prepared, failed = ahead.run(due)
+            prepared, failed = self._run_ahead(ahead, due)
         except Exception as exc:
             self._failed("prepared tick", exc, utcnow())
             return True
@@ -385,7 +387,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return False
         self._first_look = False
         try:
-            prepared, failed = ahead.run(now)
+            prepared, failed = self._run_ahead(ahead, now)
         except Exception as exc:
             self._failed("prepared tick", exc, now)
             return False  # the regular tick does the work
@@ -393,6 +395,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             return False
         self._prepared_done(prepared, failed, now)
         return True
+
+    def _run_ahead(self, ahead: AheadTicker, due: datetime) -> tuple[TickResult | None, bool]:
+        """``ahead.run(due)``, and the close a signal handler asked for meanwhile, then SystemExit.
+
+        The handler's own SystemExit normally ends the tick and Celery's beat closes after it;
+        closing here too stops the beat even when an error raised while the tick unwound (a
+        rollback on an interrupted connection) took the SystemExit's place.
+        """
+        try:
+            return ahead.run(due)
+        finally:
+            if self._close_deferred:
+                self._close_deferred = False
+                self.close()
+                raise SystemExit()
 
     def _prepared_done(self, prepared: TickResult, failed: bool, due: datetime) -> None:
         """After a tick committed and published by :class:`~.ahead.AheadTicker`."""
@@ -718,6 +735,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Stop the dispatcher and listener, give up the lease so a standby takes over at once."""
         if self._closed:
             return
+        if self._ahead is not None and self._ahead.running_here():
+            # A signal handler (Celery's SIGTERM handler) that interrupted a prepared tick in
+            # this thread: the SystemExit it raises next unwinds the tick, which rolls back its
+            # preparation or records what the broker took and gives back the rest, with no
+            # transaction left open; the close follows (:meth:`_run_ahead`).
+            self._close_deferred = True
+            return
         self._closed = True
         grace = self.settings.shutdown_grace if self._settings else 1.0
         if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
@@ -741,21 +765,15 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
 
         A tick committed just before SIGTERM would otherwise wait in the queue for the next
-        beat or dispatcher; Celery's SIGTERM handler calls this in the beat thread, possibly in
-        the middle of a prepared tick's publish, whose rows are given back and published here.
-        The drain runs in a daemon thread so a broker that hangs cannot hold the shutdown;
-        whatever it leaves stays queued, not lost. A beat that no longer holds the lease
-        publishes nothing (the dispatcher's ``may_run``).
+        beat or dispatcher; the rows a prepared tick's interrupted publish gave back (the ones
+        the broker had not taken) are published here. The drain runs in a daemon thread so a
+        broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
+        A beat that no longer holds the lease publishes nothing (the dispatcher's ``may_run``).
         """
         stop = threading.Event()
-        ahead = self._ahead
-
-        def last() -> None:
-            if ahead is not None:
-                ahead.give_back()  # a prepared tick's publish cut short by the signal
-            dispatcher.drain(stop)
-
-        drain = threading.Thread(target=last, name="boundedbeat-last-drain", daemon=True)
+        drain = threading.Thread(
+            target=lambda: dispatcher.drain(stop), name="boundedbeat-last-drain", daemon=True
+        )
         drain.start()
         drain.join(grace)
         stop.set()  # a drain still going stops after its current batch
