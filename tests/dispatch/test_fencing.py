@@ -132,7 +132,7 @@ def record(self):
     )  # fmt: skip
     # The first dispatcher pauses 5 ms after each message: a 200-row batch takes about a
     # second, so the freeze lands mid-batch (between two messages: the few microseconds in
-    # which one message is being written are the bound the README states, not tested here).
+    # which one message is being written are the bound docs/several-beats.md states, not tested here).
     os.environ["BB_SLOW_PUBLISH"] = "0.005"
     try:
         first = _start_dispatcher(tmp_path, "fenceapp", "d1.log")
@@ -171,7 +171,7 @@ def record(self):
         worker_log.close()
     counts = collections.Counter(executions.read_text().split())
     doubled = {task_id: n for task_id, n in counts.items() if n > 1}
-    # The bound the README states: the one message whose publish the freeze interrupted (it is
+    # The bound docs/several-beats.md states: the one message whose publish the freeze interrupted (it is
     # reported sent only after SIGCONT) goes out when the dispatcher resumes, after the second
     # dispatcher sent it too. The fence is that nothing after it is sent.
     in_flight = _ids(sent) - reported_while_frozen

@@ -3,7 +3,7 @@
 Chromium and its driver come from Debian (``apt-get install chromium chromium-driver``;
 scripts/test installs them when missing). Without them the tests skip, except under CI
 (``CI=true``), where they fail. Screenshots are kept under tests/artifacts/ (gitignored);
-``BOUNDEDBEAT_DOCS_SCREENSHOT=path`` also writes the README's picture there
+``BOUNDEDBEAT_DOCS_SCREENSHOT=path`` also writes the picture of docs/django.md there
 (``scripts/admin-screenshot``).
 """
 

@@ -117,5 +117,5 @@ def test_replace_in_a_threads_pool_lets_the_old_task_finish_and_ignores_its_outc
     assert (books["runs"], books["done"]) == (0, 0), books
     assert books["replaced"] == books["revoked"] >= 2, books
     assert books["active_runs"] == 1, books
-    # Celery's own answer to revoke(terminate=True) in a pool that cannot terminate (README).
+    # Celery's own answer to revoke(terminate=True) in a pool that cannot terminate (docs/policies.md).
     bb.assert_no_errors("does not implement kill_job", "Traceback (most recent call last)")

@@ -122,7 +122,7 @@ def test_the_definition_cache_stays_bounded_while_schedules_come_and_go(
 ) -> None:
     """1,500 runtime schedules added, run and removed, notices lost: the cache keeps only live ones.
 
-    The bound (README, "How it works"): the schedules present at the last sweep plus
+    The bound (docs/runtime-schedules.md): the schedules present at the last sweep plus
     ``sweep_slack`` of them, checked after every tick. Without the sweep every removed
     schedule kept its entry (1,500 here) on SQLite always, on PostgreSQL when a removal's
     notification was missed.

@@ -1,6 +1,6 @@
 """``celery_boundedbeat.testing.simulate``: each policy's timeline against hand-computed expectations.
 
-Every expectation below is worked out by hand from the policy's rules (README "Policies"), not
+Every expectation below is worked out by hand from the policy's rules (docs/policies.md), not
 by running the code; the comments show the reasoning. Times are seconds after the start.
 """
 

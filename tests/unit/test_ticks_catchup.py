@@ -411,7 +411,7 @@ def test_replace_after_a_smaller_bound_revokes_down_to_the_new_bound() -> None:
 
 
 def test_coalesce_latest_after_the_window_runs_the_newest_and_keeps_the_one_before() -> None:
-    """As the README says: the newest tick within the window runs, the one before it waits."""
+    """As docs/policies.md says: the newest tick within the window runs, the one before it waits."""
     out = due(parse(missed_ticks="coalesce_latest", catchup_window=25), waiting(), T0 + sec(100))
     assert [e.scheduled_for for e in out.emit] == [T0 + sec(100)]
     assert out.state.pending == (T0 + sec(90),)
