@@ -12,7 +12,7 @@ cost of a change is proportional to the change, not to the number of schedules:
 - on PostgreSQL add, update and remove go to psycopg directly, an add or a remove as one
   statement with its ``NOTIFY``: a runtime change's CPU was mostly the ORM's.
 
-Ownership (CONTRACT §8): config reconciling never changes, replaces or removes a runtime
+Ownership (docs/runtime-schedules.md): config reconciling never changes, replaces or removes a runtime
 schedule; a name in both is left to the row already in the table, and logged.
 """
 

@@ -425,7 +425,7 @@ def _timing_option(every: float | None, cron: str | None, *, required: bool) -> 
 
 
 def _definition_options(fn: Any) -> Any:
-    """The options ``add`` and ``update`` share (CONTRACT §5)."""
+    """The options ``add`` and ``update`` share (docs/cli.md)."""
     for decorator in reversed(
         [
             click.option("--every", type=float, default=None, help="Period in seconds."),
@@ -433,7 +433,7 @@ def _definition_options(fn: Any) -> Any:
             click.option("--args", "args_json", default=None, help="Positional arguments, a JSON array."),
             click.option("--kwargs", "kwargs_json", default=None, help="Keyword arguments, a JSON object."),
             click.option("--options", "options_json", default=None, help="Celery message options, JSON."),
-            click.option("--policy", "policy_json", default=None, help="The policy (CONTRACT §2), JSON."),
+            click.option("--policy", "policy_json", default=None, help="The policy, a JSON object."),
         ]
     ):
         fn = decorator(fn)

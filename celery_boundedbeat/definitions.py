@@ -1,6 +1,6 @@
 """A schedule's definition as data: the row's JSON and back to a validated spec.
 
-Schedules are data (DESIGN.md): a row carries everything needed to rebuild its schedule, so a
+Schedules are data (docs/how-it-works.md): a row carries everything needed to rebuild its schedule, so a
 beat can run schedules that no ``beat_schedule`` of its own mentions (runtime schedules added
 by another process) and a change is one row away. The grid is stored as plain JSON:
 

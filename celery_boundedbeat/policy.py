@@ -51,7 +51,7 @@ _E = TypeVar("_E", bound=Enum)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
-    """A validated per-schedule policy (CONTRACT §2)."""
+    """A validated per-schedule policy (docs/policies.md)."""
 
     mode: Mode = Mode.FIXED_RATE_NO_OVERLAP
     missed_ticks: MissedTicks = MissedTicks.SKIP

@@ -67,7 +67,7 @@ def new_row(name: str, now: datetime, *, origin: str = CONFIG) -> ScheduleRow:
 def definition_values(
     spec: EntrySpec, digest: str, timing: dict[str, Any] | None, *, origin: str
 ) -> dict[str, Any]:
-    """A schedule's definition as its columns: schedules are data (DESIGN.md)."""
+    """A schedule's definition as its columns: schedules are data (docs/how-it-works.md)."""
     return {
         "task": spec.task,
         "mode": spec.policy.mode.value,

@@ -1,4 +1,4 @@
-"""Runtime schedules: add, change, remove and backfill schedules from any process (CONTRACT §8).
+"""Runtime schedules: add, change, remove and backfill schedules from any process (docs/runtime-schedules.md).
 
 A schedule per tenant, per feed, per customer, made by application code (a Django view, a
 worker task, a script) while beat runs, or with no beat running at all. Each call is one

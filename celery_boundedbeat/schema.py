@@ -1,4 +1,4 @@
-"""The SQL tables (CONTRACT §7). Column names here are a public, stable contract."""
+"""The SQL tables (docs/sql.md). Column names here are a public, stable contract."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class Settings:
     #: SQLAlchemy URL of the state/history database (in a configured Django project without
     #: it: Django's default database). Left out of ``repr`` because it may hold a password.
     database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
-    #: Policy keys applied to entries without their own (CONTRACT §2).
+    #: Policy keys applied to entries without their own (docs/policies.md).
     default_policy: Mapping[str, Any] = field(default_factory=dict)
     #: Migrate the schema when beat starts; ``None`` means "only for SQLite".
     auto_migrate: bool | None = None

@@ -3,7 +3,7 @@
 Every event a schedule sees (first sight, due time, settle, trigger, resume, a changed
 config entry) is one pure function of the policy, the state and ``now`` that returns the
 next state. The store only loads a row, calls one of these and writes the result back, so
-every decision is tested with a fake clock (the seeds' ``start_paused`` tests port directly).
+every decision is tested with a fake clock.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""When a crontab fires in a time zone, with Vixie cron's rule for DST changes (CONTRACT §2).
+"""When a crontab fires in a time zone, with Vixie cron's rule for DST changes.
+
+The rule, as users read it: docs/policies.md, "Time zones and DST".
 
 Pure: a fire time is asked about a time it is given, over aware datetimes, and comes back in
 UTC. Celery's ``crontab.remaining_delta`` does arithmetic on local wall-clock times, so across

@@ -80,7 +80,7 @@ def test_every_metric_the_dashboard_queries_is_exposed() -> None:
 
 
 def test_the_dashboard_covers_the_contract_metrics() -> None:
-    """Each metric CONTRACT §5 names, and the tick and queue age, appears in some panel."""
+    """Each metric docs/operating.md names, and the tick and queue age, appears in some panel."""
     text = DASHBOARD.read_text()
     for name in (
         "boundedbeat_schedule_runs_total",

@@ -1,4 +1,4 @@
-"""A schedule removed and added again under the same name is another schedule (CONTRACT §9).
+"""A schedule removed and added again under the same name is another schedule (docs/runtime-schedules.md).
 
 The runs of the removed incarnation go on (``remove_schedule`` without ``revoke_active``, or
 a ``beat_schedule`` entry dropped and restored across beat restarts) and settle onto nothing:

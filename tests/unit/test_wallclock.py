@@ -1,4 +1,4 @@
-"""Crontab fire times across DST changes, by Vixie cron's rule (CONTRACT §2), on a fake clock.
+"""Crontab fire times across DST changes, by Vixie cron's rule (docs/policies.md), on a fake clock.
 
 Each case walks a schedule's grid through one spring-forward or fall-back night of
 Europe/Berlin, America/New_York or Australia/Lord_Howe (a 30-minute shift) and asserts the

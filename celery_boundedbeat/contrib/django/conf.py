@@ -16,7 +16,7 @@ from ...engine import get_engine
 from ...settings import Settings
 from ...store import Store
 
-#: The Celery namespace of Django settings (CONTRACT §4).
+#: The Celery namespace of Django settings (docs/settings.md).
 NAMESPACE = "CELERY"
 #: Django setting naming the ``DATABASES`` alias where the admin reads the tables.
 ADMIN_DATABASE_SETTING = "BOUNDEDBEAT_ADMIN_DATABASE"

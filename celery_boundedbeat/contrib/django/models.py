@@ -1,5 +1,5 @@
 # mypy: allow-subclassing-any
-"""Unmanaged models over the contract tables (CONTRACT §7).
+"""Unmanaged models over the contract tables (docs/sql.md).
 
 Django never creates, alters or writes these tables: ``celery -A proj boundedbeat migrate``
 creates them, beat and the schedule API (:mod:`celery_boundedbeat.schedules`) write them.
