@@ -167,6 +167,8 @@ class RunLife:
     ) -> Settled | None:
         """``settle_run`` inside the caller's transaction (see there)."""
         allowed = [st.value for st in (expect or ACTIVE_STATES)]
+        # Lock order (see :mod:`.store`): the run's schedule first, then the run.
+        schedule_row = self.lock_schedule_of(s, run_id)
         # Locked while read: a dispatcher marking the run published between this read and the
         # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
@@ -199,6 +201,7 @@ class RunLife:
         s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
         self._free_slot(
             s,
+            schedule_row,
             run.schedule,
             state,
             elapsed,
@@ -210,9 +213,20 @@ class RunLife:
         )
         return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
+    @staticmethod
+    def lock_schedule_of(s: Session, run_id: str) -> ScheduleRow | None:
+        """Lock the schedule of run ``run_id`` without locking the run (``None``: no such run or
+        schedule): the first step of the lock order in :mod:`.store`, schedules before runs.
+
+        A run's ``schedule`` never changes, so reading it unlocked is safe.
+        """
+        of_run = select(RunRow.schedule).where(RunRow.id == run_id).scalar_subquery()
+        return s.scalars(select(ScheduleRow).where(ScheduleRow.name == of_run).with_for_update()).first()
+
     def _free_slot(
         self,
         s: Session,
+        row: ScheduleRow | None,
         schedule: str,
         outcome: RunState,
         elapsed: int | None,
@@ -223,8 +237,8 @@ class RunLife:
         run_id: str,
         error: str | None = None,
     ) -> None:
-        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts."""
-        row = s.get(ScheduleRow, schedule, with_for_update=True)
+        """Count a settled run on its schedule (``row``, locked by the caller), free its slot
+        (``on_settle``), note its alerts."""
         if row is None:
             return
         self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)

@@ -6,6 +6,19 @@ worker (start, settle, heartbeats, the reaper) is :class:`~.runlife.RunLife`, wh
 checked by row count, so a duplicate or late signal can never settle a run twice (SQLite
 ignores ``FOR UPDATE``; correctness comes from the guards and the unique ``(schedule,
 scheduled_for)`` key).
+
+Lock order (PostgreSQL). Every transaction that locks rows of more than one kind, or several
+rows of one kind, takes them in this order, so no two of them can wait for each other:
+
+1. schedules (``boundedbeat_schedules``), by name;
+2. runs (``boundedbeat_runs``), by id;
+3. queue rows (``boundedbeat_queue``).
+
+A schedule is found from its run without locking the run (a run's schedule never changes:
+:meth:`~.runlife.RunLife.lock_schedule_of`). A lock taken with ``SKIP LOCKED`` never waits and
+may break the order (the tick's due schedules and ``replace`` victims, the dispatcher's claim).
+A worker's heartbeat row is written by its own process only, in a transaction of its own.
+The places that take locks say "lock order" and refer here.
 """
 
 from __future__ import annotations
@@ -359,8 +372,11 @@ class Store(RunLife):
                 return None
             revoked: list[str] = []
             if revoke_active:
+                # Lock order (module docstring): the schedule is held, its runs go by id.
                 active = s.scalars(
-                    select(RunRow.id).where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+                    select(RunRow.id)
+                    .where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
+                    .order_by(RunRow.id)
                 ).all()
                 for run_id in active:
                     if self.settle_in(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
@@ -671,9 +687,10 @@ class Store(RunLife):
     def _reject_stale_row(
         self, s: Session, queue_id: int, run_id: str | None, *, now: datetime, error: str, rng: random.Random
     ) -> Settled | None:
-        """Take one stale queue row and settle its run ``rejected``, both guarded (run, then queue:
-        the lock order of ``start_run`` and the dispatcher's mark)."""
+        """Take one stale queue row and settle its run ``rejected``, both guarded (schedule, run,
+        then queue: the lock order in the module docstring)."""
         if run_id is not None:
+            self.lock_schedule_of(s, run_id)
             state = s.scalar(select(RunRow.state).where(RunRow.id == run_id).with_for_update())
             if state != RunState.QUEUED.value:
                 return None

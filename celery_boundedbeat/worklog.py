@@ -83,11 +83,18 @@ _PG_START = """
     WHERE r.id = v.id AND r.state IN (%(queued)s, %(published)s, %(started)s)
 """
 
-#: The batch's runs, locked in id order, so two batches (or a batch and the reaper) cannot
-#: deadlock on them.
+#: Every run of the batch (starts and outcomes), locked in id order before any is changed:
+#: the lock order of :mod:`.store` (an ``UPDATE ... FROM unnest`` locks in report order, and
+#: deadlocked with the dispatcher's mark, which locks in id order).
+_PG_LOCK_RUNS = """
+    SELECT id FROM boundedbeat_runs
+    WHERE id = ANY(CAST(%(ids)s AS text[])) ORDER BY id FOR UPDATE
+"""
+
+#: The outcomes' runs as the batch's starts left them (locked above).
 _PG_RUNS = """
     SELECT id, schedule, started_at, state, error FROM boundedbeat_runs
-    WHERE id = ANY(CAST(%(ids)s AS text[])) ORDER BY id FOR UPDATE
+    WHERE id = ANY(CAST(%(ids)s AS text[]))
 """
 
 #: Every outcome of the batch in one statement (the rows are locked by this transaction).
@@ -102,8 +109,12 @@ _PG_FINISH = """
     WHERE r.id = v.id
 """
 
-#: The settled runs' schedules, locked in name order (as every writer of them locks them).
-_LOCK_SCHEDULES = "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE"
+#: The schedules of the outcomes' runs, locked in name order before their runs (the lock
+#: order of :mod:`.store`); a run's schedule never changes, so it is read unlocked.
+_LOCK_SCHEDULES = (
+    "name IN (SELECT schedule FROM boundedbeat_runs WHERE id = ANY(CAST(%(ids)s AS text[]))) "
+    "ORDER BY name FOR UPDATE"
+)
 _PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS text[]))"
 
 
@@ -188,16 +199,21 @@ def _write_pg(
     statement each, eight of them, cost the tasks more than the statements cost PostgreSQL.
     """
     conn = driver_connection(s)
-    with pipeline(conn):
-        _start_many(s, starts)
-        runs = _lock_runs(s, outcomes)
-    settled, finished, repeats = _decide(store, s, outcomes, runs)
+    outcome_ids = sorted({o.run_id for o in outcomes})
     held = None
+    with pipeline(conn):
+        # Lock order (:mod:`.store`): the outcomes' schedules, then every run of the batch by id.
+        if outcome_ids:
+            held = hold_pg(s, _LOCK_SCHEDULES, {"ids": outcome_ids})
+        with driver_cursor(s) as cur:
+            cur.execute(_PG_LOCK_RUNS, {"ids": sorted({r.run_id for r in starts} | set(outcome_ids))})
+        _start_many(s, starts)
+        runs = _read_runs(s, outcome_ids)
+    settled, finished, repeats = _decide(store, s, outcomes, runs)
     if finished:
-        names = sorted({x.schedule for x in settled if x is not None})
+        assert held is not None
         with pipeline(conn):
             _write_finished(s, finished)
-            held = hold_pg(s, _LOCK_SCHEDULES, {"names": names})
         _count_on_schedules(store, s, held, [x for x in settled if x is not None], finished, rng)
     for o in repeats:  # a second report of a run this batch settled: as it would be after it
         first, _ = finished[o.run_id]
@@ -205,7 +221,7 @@ def _write_pg(
             store.note_late_outcome(s, o.run_id, first.state.value, first.error, o.state, o.at, o.error)
     done = {r.run_id for r in starts} | set(finished)
     with pipeline(conn), driver_cursor(s) as cur:
-        if held is not None:
+        if held is not None and finished:
             write_changed(s, held)
             store._notify(s, SETTLED_CHANNEL, min(held.rows, default=""))
         if done:  # a started or settled run has no queue row left (a worker may beat the mark)
@@ -213,11 +229,11 @@ def _write_pg(
     return settled
 
 
-def _lock_runs(s: Session, outcomes: Sequence[OutcomeReport]) -> dict[str, _Run]:
-    if not outcomes:
+def _read_runs(s: Session, ids: list[str]) -> dict[str, _Run]:
+    if not ids:
         return {}
     with driver_cursor(s) as cur:
-        cur.execute(_PG_RUNS, {"ids": sorted({o.run_id for o in outcomes})})
+        cur.execute(_PG_RUNS, {"ids": ids})
         return {row[0]: _Run(*row) for row in cur.fetchall()}
 
 
