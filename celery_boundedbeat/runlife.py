@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, case, delete, exists, or_, select, update
@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from .alertlog import note_settle
 from .enums import ACTIVE_STATES, RunState
+from .held import pipeline
 from .messages import clip_error
 from .policy import Policy
 from .rows import apply_state, state_of
@@ -42,6 +43,47 @@ _DECIDED_WITHOUT_THE_TASK = frozenset(
 LATE_OUTCOME = "late outcome from the worker"
 
 
+#: Seconds a worker's recording of a start waits for a row another transaction holds before it
+#: gives up (a dispatcher's mark holds one for milliseconds; a frozen process forever).
+START_LOCK_TIMEOUT = 2.0
+
+_PG_BEGIN = """
+    WITH first AS (
+        UPDATE boundedbeat_runs SET
+            state = %(started)s,
+            started_at = %(at)s,
+            published_at = CASE WHEN published_at IS NULL OR published_at > %(at)s
+                THEN %(at)s ELSE published_at END,
+            worker = %(worker)s,
+            process = %(process)s,
+            deadline_at = %(deadline)s
+        WHERE id = %(id)s AND state IN (%(queued)s, %(published)s)
+        RETURNING id
+    ), unqueued AS (
+        DELETE FROM boundedbeat_queue WHERE run_id IN (SELECT id FROM first)
+    )
+    SELECT (SELECT count(*) FROM first), r.state, r.process, r.started_at, w.heartbeat_at
+    FROM (SELECT 1) AS one
+    LEFT JOIN boundedbeat_runs AS r ON r.id = %(id)s
+    LEFT JOIN boundedbeat_workers AS w ON w.id = r.process
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Begun:
+    """What a delivery of a run's message found when it recorded the run's start
+    (:meth:`RunLife.begin_run`): whether its start is the first, else the run as it was."""
+
+    #: This delivery recorded the run's start (queued/published → started).
+    first: bool
+    #: The run's state before (``None``: no such run).
+    state: str | None = None
+    #: The process that recorded the earlier start, and its last heartbeat.
+    process: str | None = None
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settled:
     """A run that this call settled (``None`` is returned when it was already settled)."""
@@ -50,6 +92,13 @@ class Settled:
     schedule: str
     state: RunState
     elapsed_ms: int | None
+
+
+def not_before(at: datetime, *earlier: datetime | None) -> datetime:
+    """``at``, or the latest of ``earlier`` if that is later: a run's times never go backwards
+    (``enqueued_at`` ≤ ``started_at`` ≤ ``finished_at``), although the clocks that stamp them
+    belong to different processes and hosts (a beat's, a worker's, a ``remove_schedule`` caller's)."""
+    return max([at, *(t for t in earlier if t is not None)])
 
 
 def elapsed_ms(started_at: datetime | None, finished_at: datetime) -> int | None:
@@ -74,6 +123,8 @@ class RunLife:
 
         def _notify(self, session: Session, channel: str, payload: str = "") -> None: ...
 
+        def _driver(self, *, one_statement: bool = False) -> AbstractContextManager[Any]: ...
+
     def start_run(
         self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
     ) -> bool:
@@ -85,9 +136,17 @@ class RunLife:
 
     @staticmethod
     def start_in(
-        s: Session, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+        s: Session,
+        run_id: str,
+        *,
+        worker: str,
+        process: str,
+        now: datetime,
+        max_run_time: float | None,
+        repoint: bool = True,
     ) -> bool:
-        """``start_run`` inside the caller's transaction."""
+        """``start_run`` inside the caller's transaction (``repoint``: a run started already
+        moves to ``process``, the write-behind path's redelivery)."""
         deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
         result = s.execute(
             update(RunRow)
@@ -110,7 +169,7 @@ class RunLife:
         )
         if result.rowcount:  # type: ignore[attr-defined]
             s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-        else:
+        elif repoint:
             # Redelivered after a worker died: keep the run, point it at the new process.
             s.execute(
                 update(RunRow)
@@ -118,6 +177,75 @@ class RunLife:
                 .values(worker=worker, process=process)
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def begin_run(
+        self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+    ) -> Begun:
+        """Record a delivery's start of ``run_id`` atomically, before its body runs.
+
+        The first delivery to get here moves the run to ``started`` (as ``start_run``) and
+        learns it is first; any other finds the run as that start left it, and the caller
+        decides (:meth:`~.tracking.Tracker.begin`) whether its body may run. One round trip
+        on PostgreSQL, where a row held by another transaction is waited for at most
+        ``START_LOCK_TIMEOUT`` seconds (an ``OperationalError`` after that, as an outage).
+        """
+        if not self.is_postgres:
+            with self.session() as s:
+                before = s.execute(
+                    select(RunRow.state, RunRow.process, RunRow.started_at, WorkerRow.heartbeat_at)
+                    .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
+                    .where(RunRow.id == run_id)
+                ).first()
+                limit = max_run_time
+                first = self.start_in(
+                    s, run_id, worker=worker, process=process, now=now, max_run_time=limit, repoint=False
+                )
+            if first:
+                return Begun(first=True)
+            if before is None:
+                return Begun(first=False)
+            return Begun(
+                first=False,
+                state=before.state,
+                process=before.process,
+                started_at=before.started_at,
+                heartbeat_at=before.heartbeat_at,
+            )
+        params = {
+            "id": run_id,
+            "at": now,
+            "worker": worker,
+            "process": process,
+            "deadline": now + timedelta(seconds=max_run_time) if max_run_time else None,
+            "started": RunState.STARTED.value,
+            "queued": RunState.QUEUED.value,
+            "published": RunState.PUBLISHED.value,
+        }
+        with self._driver() as conn, pipeline(conn), conn.cursor() as cur:
+            cur.execute(f"SET LOCAL lock_timeout = {int(START_LOCK_TIMEOUT * 1000)}")
+            cur.execute(_PG_BEGIN, params)
+            count, state, found_process, started_at, heartbeat_at = cur.fetchone()
+        if count:
+            return Begun(first=True)
+        return Begun(
+            first=False,
+            state=state,
+            process=found_process,
+            started_at=None if started_at is None else started_at.astimezone(UTC),
+            heartbeat_at=None if heartbeat_at is None else heartbeat_at.astimezone(UTC),
+        )
+
+    def take_over_run(self, run_id: str, *, worker: str, process: str, previous: str | None) -> bool:
+        """Point a started run at the process continuing it (a redelivery after its first
+        process died), only if ``previous`` still holds it: two redeliveries take it once."""
+        guard = RunRow.process.is_(None) if previous is None else RunRow.process == previous
+        with self.session() as s:
+            result = s.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value, guard)
+                .values(worker=worker, process=process)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
 
     def settle_run(
         self,
@@ -172,7 +300,7 @@ class RunLife:
         # Locked while read: a dispatcher marking the run published between this read and the
         # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
-            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error)
+            select(RunRow.schedule, RunRow.started_at, RunRow.state, RunRow.error, RunRow.enqueued_at)
             .where(RunRow.id == run_id)
             .with_for_update()
         ).first()
@@ -182,6 +310,7 @@ class RunLife:
             if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
                 self.note_late_outcome(s, run_id, run.state, run.error, state, now, error)
             return None
+        now = not_before(now, run.enqueued_at, run.started_at)
         elapsed = elapsed_ms(run.started_at, now)
         result = s.execute(
             update(RunRow)

@@ -79,7 +79,7 @@ from .held import (
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
-from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms
+from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms, not_before
 from .schema import IterationRow, LeaseRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
@@ -231,7 +231,7 @@ def _due(now: datetime, limit: int) -> Any:
 
 
 def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) -> list[Any]:
-    """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, all of them at most.
+    """The oldest active runs ``replace`` may revoke: ``(id, started_at, enqueued_at)``, all at most.
 
     Locked, skipping rows another transaction holds: a run a worker is settling right now is
     left alone (its settle frees its slot once this tick commits); waiting for it could
@@ -240,7 +240,7 @@ def _replaceable(s: Session, name: str, policy: Policy, state: ScheduleState) ->
     if policy.missed_ticks is not MissedTicks.REPLACE or state.active_runs == 0:
         return []
     query = (
-        select(RunRow.id, RunRow.started_at)
+        select(RunRow.id, RunRow.started_at, RunRow.enqueued_at)
         .where(RunRow.schedule == name, RunRow.state.in_(_ACTIVE))
         .order_by(RunRow.scheduled_for)
         .limit(state.active_runs)
@@ -257,12 +257,13 @@ def _revoke_replaced(s: Session, victims: Sequence[Any], now: datetime) -> list[
     worker finds the run settled and changes nothing.
     """
     revoked: list[str] = []
-    for run_id, started_at in victims:
-        elapsed = elapsed_ms(started_at, now)
+    for run_id, started_at, enqueued_at in victims:
+        finished = not_before(now, enqueued_at, started_at)
+        elapsed = elapsed_ms(started_at, finished)
         done = s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state.in_(_ACTIVE))
-            .values(state=RunState.REVOKED.value, finished_at=now, elapsed_ms=elapsed, error=REPLACED)
+            .values(state=RunState.REVOKED.value, finished_at=finished, elapsed_ms=elapsed, error=REPLACED)
         )
         if done.rowcount:  # type: ignore[attr-defined]
             revoked.append(run_id)

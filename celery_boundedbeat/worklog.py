@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
 from .held import HeldRows, driver_connection, driver_cursor, hold_pg, pipeline, write_changed
-from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms
+from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms, not_before
 from .store import Store
 
 
@@ -93,7 +93,7 @@ _PG_LOCK_RUNS = """
 
 #: The outcomes' runs as the batch's starts left them (locked above).
 _PG_RUNS = """
-    SELECT id, schedule, started_at, state, error FROM boundedbeat_runs
+    SELECT id, schedule, started_at, state, error, enqueued_at FROM boundedbeat_runs
     WHERE id = ANY(CAST(%(ids)s AS text[]))
 """
 
@@ -124,6 +124,7 @@ class _Run(NamedTuple):
     started_at: datetime | None
     state: str
     error: str | None
+    enqueued_at: datetime | None
 
 
 _ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
@@ -260,7 +261,10 @@ def _decide(
                 store.note_late_outcome(s, o.run_id, run.state, run.error, o.state, o.at, o.error)
             settled.append(None)
             continue
-        elapsed = elapsed_ms(run.started_at, o.at)
+        at = not_before(o.at, run.enqueued_at, run.started_at)
+        if at != o.at:  # another host's clock stamped the run later: its times never go back
+            o = replace(o, at=at)
+        elapsed = elapsed_ms(run.started_at, at)
         finished[o.run_id] = (o, elapsed)
         settled.append(Settled(run_id=o.run_id, schedule=run.schedule, state=o.state, elapsed_ms=elapsed))
     return settled, finished, repeats

@@ -1,0 +1,164 @@
+"""A run's start recorded before its body runs (``begin_run``), a duplicate delivery's verdict,
+and a run's times in order although different clocks stamp them; SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, update
+
+from celery_boundedbeat.entries import parse_entry
+from celery_boundedbeat.enums import RunState
+from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.rows import RUNTIME
+from celery_boundedbeat.runlife import Begun
+from celery_boundedbeat.schema import ScheduleRow
+from celery_boundedbeat.store import Store, utcnow
+from celery_boundedbeat.tracking import Tracker
+from celery_boundedbeat.worklog import OutcomeReport, write_reports
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+RNG = random.Random(3)
+
+
+@pytest.fixture
+def store(engine: Engine) -> Iterator[Store]:
+    upgrade(engine)
+    yield Store(engine)
+
+
+def emit(store: Store, now: datetime = T0) -> str:
+    """One run of a runtime schedule ``s``, queued at ``now``."""
+    built, problems = parse_entry("s", {"task": "t", "schedule": 10}, {})
+    assert built is not None, problems
+    store.sync_config([built], now, RNG)
+    with store.session() as s:
+        s.execute(update(ScheduleRow).where(ScheduleRow.name == "s").values(origin=RUNTIME))
+    result = store.tick({"s": built}, now, RNG, 10)
+    (emitted,) = result.emitted
+    return emitted.id
+
+
+def begin(store: Store, run_id: str, process: str, at: datetime = T0) -> Begun:
+    return store.begin_run(run_id, worker="w", process=process, now=at, max_run_time=None)
+
+
+def test_the_first_delivery_records_the_start_and_a_second_learns_who_started_it(store: Store) -> None:
+    """begin_run: the first call starts the run; a second (another delivery) changes nothing and
+    is told the state, process and start of the first."""
+    run_id = emit(store)
+    store.heartbeat("h:1", "h", 1, T0)
+    assert begin(store, run_id, "h:1") == Begun(first=True)
+    again = begin(store, run_id, "h:2", T0 + timedelta(seconds=1))
+    assert again == Begun(first=False, state="started", process="h:1", started_at=T0, heartbeat_at=T0)
+    run = store.run(run_id)
+    assert run is not None and (run.state, run.process, run.started_at) == ("started", "h:1", T0)
+    assert begin(store, "no-such-run", "h:2") == Begun(first=False)
+
+
+def test_take_over_moves_a_started_run_once(store: Store) -> None:
+    """Two redeliveries continuing a run whose first process died: only the first takes it."""
+    run_id = emit(store)
+    begin(store, run_id, "h:1")
+    assert store.take_over_run(run_id, worker="w2", process="h:2", previous="h:1")
+    assert not store.take_over_run(run_id, worker="w3", process="h:3", previous="h:1")
+    run = store.run(run_id)
+    assert run is not None and run.process == "h:2"
+
+
+def _tracker(store: Store, monkeypatch: pytest.MonkeyPatch) -> Tracker:
+    from celery import Celery
+
+    app = Celery("t", set_as_current=False)
+    app.conf.boundedbeat_database_url = str(store.engine.url.render_as_string(hide_password=False))
+    tracker = Tracker(app)
+    monkeypatch.setattr(Tracker, "store", property(lambda self: store))
+    return tracker
+
+
+@pytest.mark.parametrize(
+    ("first_process", "heartbeat_age", "runs"),
+    [
+        # Another host, its heartbeat fresh: it may still be running the body.
+        ("elsewhere:1", 1.0, False),
+        # Another host, silent for longer than the reaper allows: it is dead.
+        ("elsewhere:1", 3600.0, True),
+        # This host, a pid that no longer exists: dead, whatever its heartbeat says.
+        (f"{socket.gethostname()}:{2**22 + 17}", 1.0, True),
+        # This host, a live process (this one's parent): may still be running it.
+        (f"{socket.gethostname()}:{os.getppid()}", 1.0, False),
+    ],
+)
+def test_a_second_delivery_runs_only_when_the_first_process_can_no_longer_run_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, first_process: str, heartbeat_age: float, runs: bool
+) -> None:
+    """Tracker.begin: a delivery of a run another process started runs its body only when that
+    process is gone (a continuation, which takes the run over); else it is skipped, the run kept."""
+    run_id = emit(store, utcnow() - timedelta(seconds=5))
+    now = utcnow()
+    store.heartbeat(first_process, "x", 1, now - timedelta(seconds=heartbeat_age))
+    begin(store, run_id, first_process, now - timedelta(seconds=2))
+    tracker = _tracker(store, monkeypatch)
+    assert tracker.begin(run_id, "w2", None) is runs
+    run = store.run(run_id)
+    assert run is not None and run.state == "started"
+    assert run.process == (tracker.process if runs else first_process)
+
+
+def test_a_celery_retry_continues_the_run_and_a_repeat_in_the_same_process_does_not(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery with retries > 0 continues the run it started; the same process receiving the
+    run again without a retry (a duplicate) does not run it again."""
+    run_id = emit(store, utcnow() - timedelta(seconds=5))
+    tracker = _tracker(store, monkeypatch)
+    assert tracker.begin(run_id, "w", None) is True
+    assert tracker.begin(run_id, "w", None) is False
+    assert tracker.begin(run_id, "w", None, retried=True) is True
+
+
+def test_a_delivery_of_a_run_already_settled_after_its_start_does_not_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate arriving after the first delivery completed the run: skipped."""
+    run_id = emit(store, utcnow() - timedelta(seconds=5))
+    begin(store, run_id, "elsewhere:1", utcnow() - timedelta(seconds=2))
+    store.settle_run(run_id, RunState.COMPLETED, now=utcnow())
+    assert _tracker(store, monkeypatch).begin(run_id, "w2", None) is False
+
+
+def test_a_revoke_stamped_by_an_earlier_clock_never_finishes_a_run_before_it_was_enqueued(
+    store: Store,
+) -> None:
+    """remove_schedule(revoke_active) called with a clock behind the beat's: finished_at is not
+    before enqueued_at (the run's times never go backwards)."""
+    run_id = emit(store, T0)
+    revoked = store.remove_schedule("s", T0 - timedelta(seconds=3), revoke_active=True)
+    assert revoked == [run_id]
+    run = store.run(run_id)
+    assert run is not None and run.state == "revoked"
+    assert run.finished_at is not None and run.enqueued_at is not None
+    assert run.finished_at >= run.enqueued_at, (run.enqueued_at, run.finished_at)
+
+
+def test_an_outcome_stamped_before_its_start_finishes_the_run_after_it(store: Store) -> None:
+    """A worker batch whose outcome time is earlier than the start another clock stamped."""
+    run_id = emit(store, T0)
+    begin(store, run_id, "h:1", T0 + timedelta(seconds=2))
+    outcome = OutcomeReport(
+        run_id=run_id, state=RunState.COMPLETED, at=T0 + timedelta(seconds=1), error=None, stop=False
+    )
+    (settled,) = write_reports(store, [], [outcome])
+    assert settled is not None and settled.elapsed_ms == 0
+    run: Any = store.run(run_id)
+    assert run.finished_at >= run.started_at >= run.enqueued_at, (
+        run.enqueued_at,
+        run.started_at,
+        run.finished_at,
+    )
