@@ -1,5 +1,5 @@
-"""A run's start recorded before its body runs (``begin_run``), a duplicate delivery's verdict,
-and a run's times in order although different clocks stamp them; SQLite and PostgreSQL."""
+"""A run's start recorded before its body runs (``begin_run``) and a duplicate delivery's
+verdict (``Tracker.begin``); SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import random
 import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, update
@@ -21,7 +20,6 @@ from celery_boundedbeat.runlife import Begun
 from celery_boundedbeat.schema import ScheduleRow
 from celery_boundedbeat.store import Store, utcnow
 from celery_boundedbeat.tracking import Tracker
-from celery_boundedbeat.worklog import OutcomeReport, write_reports
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
@@ -131,34 +129,3 @@ def test_a_delivery_of_a_run_already_settled_after_its_start_does_not_run(
     begin(store, run_id, "elsewhere:1", utcnow() - timedelta(seconds=2))
     store.settle_run(run_id, RunState.COMPLETED, now=utcnow())
     assert _tracker(store, monkeypatch).begin(run_id, "w2", None) is False
-
-
-def test_a_revoke_stamped_by_an_earlier_clock_never_finishes_a_run_before_it_was_enqueued(
-    store: Store,
-) -> None:
-    """remove_schedule(revoke_active) called with a clock behind the beat's: finished_at is not
-    before enqueued_at (the run's times never go backwards)."""
-    run_id = emit(store, T0)
-    revoked = store.remove_schedule("s", T0 - timedelta(seconds=3), revoke_active=True)
-    assert revoked == [run_id]
-    run = store.run(run_id)
-    assert run is not None and run.state == "revoked"
-    assert run.finished_at is not None and run.enqueued_at is not None
-    assert run.finished_at >= run.enqueued_at, (run.enqueued_at, run.finished_at)
-
-
-def test_an_outcome_stamped_before_its_start_finishes_the_run_after_it(store: Store) -> None:
-    """A worker batch whose outcome time is earlier than the start another clock stamped."""
-    run_id = emit(store, T0)
-    begin(store, run_id, "h:1", T0 + timedelta(seconds=2))
-    outcome = OutcomeReport(
-        run_id=run_id, state=RunState.COMPLETED, at=T0 + timedelta(seconds=1), error=None, stop=False
-    )
-    (settled,) = write_reports(store, [], [outcome])
-    assert settled is not None and settled.elapsed_ms == 0
-    run: Any = store.run(run_id)
-    assert run.finished_at >= run.started_at >= run.enqueued_at, (
-        run.enqueued_at,
-        run.started_at,
-        run.finished_at,
-    )
