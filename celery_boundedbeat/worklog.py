@@ -118,6 +118,11 @@ _LOCK_SCHEDULES = (
 _PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS text[]))"
 
 
+#: Seconds a batch waits for a row another transaction holds before it is kept and retried as
+#: after an outage (a second later, with one log line): a wait is bounded and says why.
+REPORT_LOCK_TIMEOUT = 5.0
+
+
 class _Run(NamedTuple):
     id: str
     schedule: str
@@ -203,6 +208,8 @@ def _write_pg(
     outcome_ids = sorted({o.run_id for o in outcomes})
     held = None
     with pipeline(conn):
+        with driver_cursor(s) as cur:  # a row held elsewhere (a frozen process): retried, logged
+            cur.execute(f"SET LOCAL lock_timeout = {int(REPORT_LOCK_TIMEOUT * 1000)}")
         # Lock order (:mod:`.store`): the outcomes' schedules, then every run of the batch by id.
         if outcome_ids:
             held = hold_pg(s, _LOCK_SCHEDULES, {"ids": outcome_ids})
