@@ -1,7 +1,11 @@
-"""The worker side's write-behind of run starts and outcomes, plus the per-process heartbeat.
+"""The worker side's record of run starts, write-behind of outcomes, and the per-process heartbeat.
 
-The Celery signal receivers (:mod:`.receivers`) hand each start and outcome to the process's
-:class:`Tracker`, which queues it and returns: the task thread never waits for the database.
+A run's start is recorded before its body runs (:meth:`Tracker.begin`, one round trip): the
+atomic start tells a second delivery of the same message that the run is taken, and a worker
+killed right after the body began leaves a ``started`` run (settled ``lost``), not one that
+looks never started. The Celery signal receivers (:mod:`.receivers`) hand each outcome to
+the process's :class:`Tracker`, which queues it and returns: the task thread does not wait
+for the database to record an outcome.
 The tracker's thread writes whatever is queued in one transaction (:mod:`.worklog`), so a
 burst of short tasks costs a few statements per batch, not two commits per run. A batch that
 cannot reach the database (an outage) stays queued in order and is retried every second, so
@@ -11,10 +15,11 @@ exits writes what it queued first (``worker_process_shutdown`` / ``worker_shutdo
 killed outright loses at most the last few milliseconds of reports, and the beat's reaper
 settles those runs ``lost``.
 
-Heartbeats: each worker process with at least one active run writes one row of
-``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one statement per process,
-however many runs it has); the beat's reaper settles the runs of a process whose heartbeat
-is older than three intervals as ``lost``. A prefork child killed mid-run is reported at
+Heartbeats: each worker process with at least one active run, or a report not yet written,
+writes one row of ``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one
+statement per process, however many runs it has), from a thread of its own and in a
+transaction of its own, so a batch that waits never holds it up; the beat's reaper settles
+the runs of a process whose heartbeat is older than three intervals as ``lost``. A prefork child killed mid-run is reported at
 once by the pool's ``WorkerLostError`` (settled ``lost`` by the parent process); a whole
 worker killed is found by the reaper.
 """
