@@ -19,9 +19,9 @@ Heartbeats: each worker process with at least one active run, or a report not ye
 writes one row of ``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one
 statement per process, however many runs it has), from a thread of its own and in a
 transaction of its own, so a batch that waits never holds it up; the beat's reaper settles
-the runs of a process whose heartbeat is older than three intervals as ``lost``. A prefork child killed mid-run is reported at
-once by the pool's ``WorkerLostError`` (settled ``lost`` by the parent process); a whole
-worker killed is found by the reaper.
+the runs of a process whose heartbeat is older than three intervals as ``lost``. A prefork
+child killed mid-run is reported at once by the pool's ``WorkerLostError`` (settled ``lost``
+by the parent process); a whole worker killed is found by the reaper.
 """
 
 from __future__ import annotations
