@@ -157,6 +157,9 @@ class Tracker:
         self._starts = OutageLog(logger, "recording run starts before their tasks run")
         self._beats = OutageLog(logger, "the worker heartbeat")
         self._writer_thread: threading.Thread | None = None
+        #: Until then (monotonic) starts are written behind without the duplicate check: the
+        #: database failed the last one (an outage or a held row).
+        self._check_after = 0.0
 
     @property
     def settings(self) -> Settings:
@@ -231,12 +234,18 @@ class Tracker:
         still be running it; this one must not run it again).
 
         A database that cannot be asked (an outage, a row held past ``START_LOCK_TIMEOUT``)
-        cannot tell: the start is then recorded behind, as before, and the body runs.
+        cannot tell: the start is then recorded behind, as the outcomes are, and the body
+        runs; for the next second the other starts of this process do the same, so tasks do
+        not each wait for a database that is away.
         ``retried``: a Celery retry of the run (``request.retries`` > 0), whose first
         execution ended by asking for it: a continuation, never a duplicate.
         """
         self._after_fork_check()
         at = utcnow()
+        if time.monotonic() < self._check_after:
+            # The database just failed a check: tasks do not each wait for it while it is away.
+            self.started(run_id, hostname, limit, at=at)
+            return True
         try:
             self._beat_if_due()  # the process's heartbeat row exists before its run shows started
             found = self.store.begin_run(
@@ -245,6 +254,7 @@ class Tracker:
             why = self._duplicate(run_id, found, hostname, retried=retried)
         except Exception as exc:
             self._starts.failed(exc)
+            self._check_after = time.monotonic() + _RETRY_EVERY
             self.started(run_id, hostname, limit, at=at)
             return True
         self._starts.succeeded()

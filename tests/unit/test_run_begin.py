@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, update
+from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.entries import parse_entry
 from celery_boundedbeat.enums import RunState
@@ -129,3 +130,21 @@ def test_a_delivery_of_a_run_already_settled_after_its_start_does_not_run(
     begin(store, run_id, "elsewhere:1", utcnow() - timedelta(seconds=2))
     store.settle_run(run_id, RunState.COMPLETED, now=utcnow())
     assert _tracker(store, monkeypatch).begin(run_id, "w2", None) is False
+
+
+def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_every_task(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage at the start: the body runs (the start written behind), and the next start
+    within a second does not wait for the database again."""
+    tracker = _tracker(store, monkeypatch)
+    asked: list[str] = []
+
+    def away(run_id: str, **_: object) -> Begun:
+        asked.append(run_id)
+        raise OperationalError("begin", {}, ConnectionError("the database is away"))
+
+    monkeypatch.setattr(store, "begin_run", away)
+    assert tracker.begin("r1", "w", None) is True
+    assert tracker.begin("r2", "w", None) is True
+    assert asked == ["r1"]
