@@ -85,6 +85,7 @@ def _guard(name: str) -> Callable[[_Receiver], _Receiver]:
 @_guard("task_prerun")
 def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
     task = task or sender
+    _local.skip = False  # only this delivery's own verdict may skip its body
     tracker = _tracker_for(task)
     run_id = _run_id_of(task)
     if tracker is None or run_id is None:
