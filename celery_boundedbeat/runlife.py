@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from .alertlog import note_settle
 from .enums import ACTIVE_STATES, RunState
-from .held import pipeline
 from .messages import clip_error
 from .policy import Policy
 from .rows import apply_state, state_of
@@ -42,18 +41,6 @@ _DECIDED_WITHOUT_THE_TASK = frozenset(
 #: Marks a task outcome that arrived after the run was settled without it (see ``settle_run``).
 LATE_OUTCOME = "late outcome from the worker"
 
-
-#: Seconds a worker's recording of a start waits for a row another transaction holds before it
-#: gives up (a dispatcher's mark holds one for milliseconds; a frozen process forever).
-START_LOCK_TIMEOUT = 2.0
-
-#: The start's transaction: lock waits bounded; its commit not waited for on disk (a start
-#: lost with a crash of PostgreSQL itself is a run the reaper settles; waiting for the WAL
-#: flush of every start doubled what recording it cost a task).
-_PG_START_SETTINGS = (
-    f"SELECT set_config('lock_timeout', '{int(START_LOCK_TIMEOUT * 1000)}', true), "
-    "set_config('synchronous_commit', 'off', true)"
-)
 
 _PG_BEGIN = """
     WITH first AS (
@@ -194,8 +181,9 @@ class RunLife:
         The first delivery to get here moves the run to ``started`` (as ``start_run``) and
         learns it is first; any other finds the run as that start left it, and the caller
         decides (:meth:`~.tracking.Tracker.begin`) whether its body may run. One round trip
-        on PostgreSQL, where a row held by another transaction is waited for at most
-        ``START_LOCK_TIMEOUT`` seconds (an ``OperationalError`` after that, as an outage).
+        on PostgreSQL. The run's row is held only by short transactions (a dispatcher's mark,
+        a worker's batch, a settle); one whose process froze is ended by the server's
+        ``idle_in_transaction_session_timeout`` (60 s, :mod:`.engine`).
         """
         if not self.is_postgres:
             with self.session() as s:
@@ -229,12 +217,10 @@ class RunLife:
             "queued": RunState.QUEUED.value,
             "published": RunState.PUBLISHED.value,
         }
-        # One round trip: BEGIN (psycopg's), the bound on lock waits, the statement and COMMIT
-        # go in one pipeline; the commit that ends ``_driver`` then finds nothing to do.
-        with self._driver() as conn, pipeline(conn), conn.cursor() as cur:
-            cur.execute(_PG_START_SETTINGS)
+        # One statement in autocommit: one round trip, and the least of the worker's CPU (a
+        # pipeline with BEGIN, settings and COMMIT cost a task twice as much of it).
+        with self._driver(one_statement=True) as conn, conn.cursor() as cur:
             cur.execute(_PG_BEGIN, params)
-            conn.execute("COMMIT")  # its own cursor: ``cur`` keeps the answer
             count, state, found_process, started_at, heartbeat_at = cur.fetchone()
         if count:
             return Begun(first=True)

@@ -233,7 +233,7 @@ class Tracker:
         and say whether the body may run (False: another delivery started the run and may
         still be running it; this one must not run it again).
 
-        A database that cannot be asked (an outage, a row held past ``START_LOCK_TIMEOUT``)
+        A database that cannot be asked (an outage)
         cannot tell: the start is then recorded behind, as the outcomes are, and the body
         runs; for the next second the other starts of this process do the same, so tasks do
         not each wait for a database that is away.
