@@ -242,7 +242,7 @@ class Tracker:
         """
         self._after_fork_check()
         at = utcnow()
-        if time.monotonic() < self._check_after:
+        if not self.settings.skip_duplicate_deliveries or time.monotonic() < self._check_after:
             # The database just failed a check: tasks do not each wait for it while it is away.
             self.started(run_id, hostname, limit, at=at)
             return True

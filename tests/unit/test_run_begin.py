@@ -148,3 +148,24 @@ def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_e
     assert tracker.begin("r1", "w", None) is True
     assert tracker.begin("r2", "w", None) is True
     assert asked == ["r1"]
+
+
+def test_with_the_check_turned_off_every_delivery_runs_and_starts_are_written_behind(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boundedbeat_skip_duplicate_deliveries = False: the start is not recorded before the body
+    and a second delivery runs too (the cheaper write-behind of earlier versions)."""
+    tracker = _tracker(store, monkeypatch)
+    tracker.app.conf.boundedbeat_skip_duplicate_deliveries = False
+    monkeypatch.setattr(store, "begin_run", lambda *a, **k: pytest.fail("begin_run was called"))
+    assert tracker.begin("r1", "w", None) is True
+    assert tracker.begin("r1", "w", None) is True
+
+
+def test_the_setting_takes_only_true_or_false() -> None:
+    from celery_boundedbeat.exceptions import ConfigurationError
+    from celery_boundedbeat.settings import Settings
+
+    conf = {"boundedbeat_database_url": "sqlite://", "boundedbeat_skip_duplicate_deliveries": "no"}
+    with pytest.raises(ConfigurationError, match="skip_duplicate_deliveries"):
+        Settings.from_conf(conf)
