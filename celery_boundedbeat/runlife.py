@@ -292,8 +292,7 @@ class RunLife:
     ) -> Settled | None:
         """``settle_run`` inside the caller's transaction (see there)."""
         allowed = [st.value for st in (expect or ACTIVE_STATES)]
-        # Lock order (see :mod:`.store`): the run's schedule first, then the run.
-        schedule_row = self.lock_schedule_of(s, run_id)
+        schedule_row = self.lock_schedule_of(s, run_id)  # lock order (:mod:`.store`): schedule, run
         # Locked while read: a dispatcher marking the run published between this read and the
         # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
