@@ -154,8 +154,8 @@ def _claim_postgres(
 
 
 def mark(conn: Connection, claimer: str, rows: Sequence[Claimed], now: datetime, *, postgres: bool) -> None:
-    """Runs before queue rows: the same lock order as ``start_run`` and ``settle_run``, so a
-    worker starting a run while its batch is being marked can never deadlock with us."""
+    """Runs by id, then queue rows: the lock order of :mod:`.store`, so a worker starting or
+    settling runs of this batch while it is marked can never deadlock with us."""
     q = cast(Table, QueueRow.__table__)
     r = cast(Table, RunRow.__table__)
     ids = [row.id for row in rows]
@@ -168,6 +168,17 @@ def mark(conn: Connection, claimer: str, rows: Sequence[Claimed], now: datetime,
         run_match = r.c.id.in_(run_ids)
         queue_match = q.c.id.in_(ids)
     if run_ids:
+        if postgres:
+            # Locked in id order by a subquery (same round trip): an UPDATE alone locks rows in
+            # whatever order its plan reads them.
+            in_order = (
+                select(r.c.id)
+                .where(run_match, r.c.published_at.is_(None))
+                .order_by(r.c.id)
+                .with_for_update()
+                .subquery()
+            )
+            run_match = r.c.id == in_order.c.id
         conn.execute(
             update(r)
             .where(run_match, r.c.published_at.is_(None))

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from celery import Celery, signals
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
 from .engine import get_engine
 from .enums import RunState
@@ -85,6 +85,7 @@ def _guard(name: str) -> Callable[[_Receiver], _Receiver]:
 @_guard("task_prerun")
 def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
     task = task or sender
+    _local.skip = False  # only this delivery's own verdict may skip its body
     tracker = _tracker_for(task)
     run_id = _run_id_of(task)
     if tracker is None or run_id is None:
@@ -95,7 +96,44 @@ def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None,
     _local.scheduled_for = parse_scheduled_for(_header(task, SCHEDULED_FOR_HEADER))
     _local.tracker = tracker
     request = task.request
-    tracker.started(run_id, request.hostname or socket.gethostname(), _time_limit(request))
+    hostname = request.hostname or socket.gethostname()
+    retried = bool(getattr(request, "retries", 0))
+    _local.skip = not tracker.begin(run_id, hostname, _time_limit(request), retried=retried)
+    if _local.skip and not getattr(type(task).before_start, _SKIPS, False):
+        logger.error(
+            "celery_boundedbeat: task %s was registered after the worker started; its duplicate "
+            "delivery of run %s runs anyway",
+            getattr(task, "name", "?"),
+            run_id,
+        )
+
+
+#: Marks the ``before_start`` hook :func:`_hook_tasks` puts on every task class of a worker.
+_SKIPS = "_boundedbeat_skips_duplicates"
+
+
+def _hook_tasks(app: Celery) -> None:
+    """Give every registered task class a ``before_start`` that skips a duplicate delivery.
+
+    ``task_prerun`` records the run's start and decides (:meth:`~.tracking.Tracker.begin`);
+    a signal receiver cannot stop the task (Celery logs its exceptions), but ``Ignore`` from
+    ``before_start`` does: the body does not run and the message is acknowledged. A task's
+    own ``before_start`` is kept and runs after. Celery builds its tracers after
+    ``worker_init``, which calls this; a task registered later is not hooked (it logs so).
+    """
+    for task in list(app.tasks.values()):
+        cls = type(task)
+        original = cls.before_start
+        if getattr(original, _SKIPS, False):
+            continue
+
+        def before_start(self: Any, task_id: str, args: Any, kwargs: Any, _original: Any = original) -> None:
+            if getattr(_local, "skip", False):
+                raise Ignore()
+            _original(self, task_id, args, kwargs)
+
+        setattr(before_start, _SKIPS, True)
+        cls.before_start = before_start
 
 
 #: Seconds past a run's hard time limit before the reaper calls it timed out. Prefork kills the
@@ -181,9 +219,10 @@ def _on_postrun(
     task = task or sender
     tracker = _tracker_for(task)
     run_id = _run_id_of(task)
+    skipped = getattr(_local, "skip", False)
     _forget_run()
-    if tracker is None or run_id is None or state in (None, "RETRY"):
-        return
+    if tracker is None or run_id is None or state in (None, "RETRY") or skipped:
+        return  # a skipped duplicate: its run belongs to the delivery that started it
     # A safety net: success/failure handlers normally settled it already (then a no-op).
     if state == "SUCCESS":
         tracker.settle(run_id, RunState.COMPLETED)
@@ -249,11 +288,14 @@ def _on_internal_error(
 
 @_guard("worker_init")
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Tell the trackers which pool the worker runs: ``report_writer = "auto"`` follows it."""
+    """Hook the tasks (duplicate deliveries: :func:`_hook_tasks`) and tell the trackers which
+    pool the worker runs: ``report_writer = "auto"`` follows it."""
+    app = getattr(sender, "app", None)
+    if app is not None and app in _trackers:
+        _hook_tasks(app)
     pool_cls = getattr(sender, "pool_cls", None)
     if pool_cls is None:
         return
-    app = getattr(sender, "app", None)
     for tracker in [_trackers[app]] if app in _trackers else list(_trackers.values()):
         tracker.note_pool(pool_cls)
 
@@ -391,3 +433,4 @@ def _forget_run() -> None:
     _local.schedule = None
     _local.scheduled_for = None
     _local.tracker = None
+    _local.skip = False

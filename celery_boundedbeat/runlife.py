@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Engine, and_, case, delete, exists, or_, select, update
@@ -42,6 +42,43 @@ _DECIDED_WITHOUT_THE_TASK = frozenset(
 LATE_OUTCOME = "late outcome from the worker"
 
 
+_PG_BEGIN = """
+    WITH first AS (
+        UPDATE boundedbeat_runs SET
+            state = %(started)s,
+            started_at = %(at)s,
+            published_at = CASE WHEN published_at IS NULL OR published_at > %(at)s
+                THEN %(at)s ELSE published_at END,
+            worker = %(worker)s,
+            process = %(process)s,
+            deadline_at = %(deadline)s
+        WHERE id = %(id)s AND state IN (%(queued)s, %(published)s)
+        RETURNING id
+    ), unqueued AS (
+        DELETE FROM boundedbeat_queue WHERE run_id IN (SELECT id FROM first)
+    )
+    SELECT (SELECT count(*) FROM first), r.state, r.process, r.started_at, w.heartbeat_at
+    FROM (SELECT 1) AS one
+    LEFT JOIN boundedbeat_runs AS r ON r.id = %(id)s
+    LEFT JOIN boundedbeat_workers AS w ON w.id = r.process
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Begun:
+    """What a delivery of a run's message found when it recorded the run's start
+    (:meth:`RunLife.begin_run`): whether its start is the first, else the run as it was."""
+
+    #: This delivery recorded the run's start (queued/published → started).
+    first: bool
+    #: The run's state before (``None``: no such run).
+    state: str | None = None
+    #: The process that recorded the earlier start, and its last heartbeat.
+    process: str | None = None
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settled:
     """A run that this call settled (``None`` is returned when it was already settled)."""
@@ -50,6 +87,13 @@ class Settled:
     schedule: str
     state: RunState
     elapsed_ms: int | None
+
+
+def not_before(at: datetime, *earlier: datetime | None) -> datetime:
+    """``at``, or the latest of ``earlier`` if that is later: a run's times never go backwards
+    (``enqueued_at`` ≤ ``started_at`` ≤ ``finished_at``), although the clocks that stamp them
+    belong to different processes and hosts (a beat's, a worker's, a ``remove_schedule`` caller's)."""
+    return max([at, *(t for t in earlier if t is not None)])
 
 
 def elapsed_ms(started_at: datetime | None, finished_at: datetime) -> int | None:
@@ -93,6 +137,8 @@ class RunLife:
 
         def _notify(self, session: Session, channel: str, payload: str = "") -> None: ...
 
+        def _driver(self, *, one_statement: bool = False) -> AbstractContextManager[Any]: ...
+
     def start_run(
         self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
     ) -> bool:
@@ -104,9 +150,17 @@ class RunLife:
 
     @staticmethod
     def start_in(
-        s: Session, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+        s: Session,
+        run_id: str,
+        *,
+        worker: str,
+        process: str,
+        now: datetime,
+        max_run_time: float | None,
+        repoint: bool = True,
     ) -> bool:
-        """``start_run`` inside the caller's transaction."""
+        """``start_run`` inside the caller's transaction (``repoint``: a run started already
+        moves to ``process``, the write-behind path's redelivery)."""
         deadline = now + timedelta(seconds=max_run_time) if max_run_time else None
         result = s.execute(
             update(RunRow)
@@ -129,7 +183,7 @@ class RunLife:
         )
         if result.rowcount:  # type: ignore[attr-defined]
             s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
-        else:
+        elif repoint:
             # Redelivered after a worker died: keep the run, point it at the new process.
             s.execute(
                 update(RunRow)
@@ -137,6 +191,77 @@ class RunLife:
                 .values(worker=worker, process=process)
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def begin_run(
+        self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
+    ) -> Begun:
+        """Record a delivery's start of ``run_id`` atomically, before its body runs.
+
+        The first delivery to get here moves the run to ``started`` (as ``start_run``) and
+        learns it is first; any other finds the run as that start left it, and the caller
+        decides (:meth:`~.tracking.Tracker.begin`) whether its body may run. One round trip
+        on PostgreSQL. The run's row is held only by short transactions (a dispatcher's mark,
+        a worker's batch, a settle); one whose process froze is ended by the server's
+        ``idle_in_transaction_session_timeout`` (60 s, :mod:`.engine`).
+        """
+        if not self.is_postgres:
+            with self.session() as s:
+                before = s.execute(
+                    select(RunRow.state, RunRow.process, RunRow.started_at, WorkerRow.heartbeat_at)
+                    .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
+                    .where(RunRow.id == run_id)
+                ).first()
+                limit = max_run_time
+                first = self.start_in(
+                    s, run_id, worker=worker, process=process, now=now, max_run_time=limit, repoint=False
+                )
+            if first:
+                return Begun(first=True)
+            if before is None:
+                return Begun(first=False)
+            return Begun(
+                first=False,
+                state=before.state,
+                process=before.process,
+                started_at=before.started_at,
+                heartbeat_at=before.heartbeat_at,
+            )
+        params = {
+            "id": run_id,
+            "at": now,
+            "worker": worker,
+            "process": process,
+            "deadline": now + timedelta(seconds=max_run_time) if max_run_time else None,
+            "started": RunState.STARTED.value,
+            "queued": RunState.QUEUED.value,
+            "published": RunState.PUBLISHED.value,
+        }
+        # One statement in autocommit: one round trip, and the least of the worker's CPU (a
+        # pipeline with BEGIN, settings and COMMIT cost a task twice as much of it).
+        with self._driver(one_statement=True) as conn, conn.cursor() as cur:
+            cur.execute(_PG_BEGIN, params)
+            count, state, found_process, started_at, heartbeat_at = cur.fetchone()
+        if count:
+            return Begun(first=True)
+        return Begun(
+            first=False,
+            state=state,
+            process=found_process,
+            started_at=None if started_at is None else started_at.astimezone(UTC),
+            heartbeat_at=None if heartbeat_at is None else heartbeat_at.astimezone(UTC),
+        )
+
+    def take_over_run(self, run_id: str, *, worker: str, process: str, previous: str | None) -> bool:
+        """Point a started run at the process continuing it (a redelivery after its first
+        process died), only if ``previous`` still holds it: two redeliveries take it once."""
+        guard = RunRow.process.is_(None) if previous is None else RunRow.process == previous
+        with self.session() as s:
+            result = s.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value, guard)
+                .values(worker=worker, process=process)
+            )
+            return bool(result.rowcount)  # type: ignore[attr-defined]
 
     def settle_run(
         self,
@@ -186,10 +311,18 @@ class RunLife:
     ) -> Settled | None:
         """``settle_run`` inside the caller's transaction (see there)."""
         allowed = [st.value for st in (expect or ACTIVE_STATES)]
+        schedule_row = self.lock_schedule_of(s, run_id)  # lock order (:mod:`.store`): schedule, run
         # Locked while read: a dispatcher marking the run published between this read and the
         # guarded update below would otherwise make the update match nothing and drop the outcome.
         run = s.execute(
-            select(RunRow.schedule, RunRow.incarnation, RunRow.started_at, RunRow.state, RunRow.error)
+            select(
+                RunRow.schedule,
+                RunRow.incarnation,
+                RunRow.started_at,
+                RunRow.state,
+                RunRow.error,
+                RunRow.enqueued_at,
+            )
             .where(RunRow.id == run_id)
             .with_for_update()
         ).first()
@@ -199,6 +332,7 @@ class RunLife:
             if late and run.state in _DECIDED_WITHOUT_THE_TASK and run.state != state.value:
                 self.note_late_outcome(s, run_id, run.state, run.error, state, now, error)
             return None
+        now = not_before(now, run.enqueued_at, run.started_at)
         elapsed = elapsed_ms(run.started_at, now)
         result = s.execute(
             update(RunRow)
@@ -218,6 +352,7 @@ class RunLife:
         s.execute(delete(QueueRow).where(QueueRow.run_id == run_id))
         self._free_slot(
             s,
+            schedule_row,
             run.schedule,
             run.incarnation,
             state,
@@ -230,9 +365,20 @@ class RunLife:
         )
         return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
+    @staticmethod
+    def lock_schedule_of(s: Session, run_id: str) -> ScheduleRow | None:
+        """Lock the schedule of run ``run_id`` without locking the run (``None``: no such run or
+        schedule): the first step of the lock order in :mod:`.store`, schedules before runs.
+
+        A run's ``schedule`` never changes, so reading it unlocked is safe.
+        """
+        of_run = select(RunRow.schedule).where(RunRow.id == run_id).scalar_subquery()
+        return s.scalars(select(ScheduleRow).where(ScheduleRow.name == of_run).with_for_update()).first()
+
     def _free_slot(
         self,
         s: Session,
+        row: ScheduleRow | None,
         schedule: str,
         incarnation: str | None,
         outcome: RunState,
@@ -244,12 +390,12 @@ class RunLife:
         run_id: str,
         error: str | None = None,
     ) -> None:
-        """Count a settled run on its schedule, free its slot (``on_settle``), note its alerts.
+        """Count a settled run on its schedule (``row``, locked by the caller), free its slot
+        (``on_settle``), note its alerts.
 
         Only onto the incarnation that emitted it: a schedule removed and added again under
         the same name is another schedule (:func:`settles_onto`).
         """
-        row = s.get(ScheduleRow, schedule, with_for_update=True)
         if row is None or not settles_onto(row, incarnation):
             return
         self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)

@@ -92,6 +92,10 @@ class Settings:
     #: ``"process"`` (a child process of its own, off the worker's GIL) or ``"auto"``: the
     #: process for the threads pool, where every task shares that GIL, the thread elsewhere.
     report_writer: str = "auto"
+    #: A worker records each run's start before the task's body runs, and a second delivery of
+    #: a run another process started does not run the body again. ``False``: starts are
+    #: written behind the task like outcomes (cheaper per run; a duplicate delivery runs).
+    skip_duplicate_deliveries: bool = True
     #: Beat serves Prometheus metrics on this port (``/metrics``); ``None``: no endpoint.
     metrics_port: int | None = None
     #: The address the metrics endpoint binds to (loopback: nothing outside the host sees it).
@@ -164,7 +168,7 @@ def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
     elif name == "default_policy":
         if not isinstance(raw, Mapping):
             return None, f"must be a dict, got {type(raw).__name__}"
-    elif name in ("auto_migrate", "dispatch_enabled"):
+    elif name in ("auto_migrate", "dispatch_enabled", "skip_duplicate_deliveries"):
         if not isinstance(raw, bool):
             return None, f"must be True or False, got {raw!r}"
     elif isinstance(default, int) and not isinstance(default, bool):

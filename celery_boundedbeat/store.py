@@ -6,6 +6,19 @@ worker (start, settle, heartbeats, the reaper) is :class:`~.runlife.RunLife`, wh
 checked by row count, so a duplicate or late signal can never settle a run twice (SQLite
 ignores ``FOR UPDATE``; correctness comes from the guards and the unique ``(schedule,
 scheduled_for)`` key).
+
+Lock order (PostgreSQL). Every transaction that locks rows of more than one kind, or several
+rows of one kind, takes them in this order, so no two of them can wait for each other:
+
+1. schedules (``boundedbeat_schedules``), by name;
+2. runs (``boundedbeat_runs``), by id;
+3. queue rows (``boundedbeat_queue``).
+
+A schedule is found from its run without locking the run (a run's schedule never changes:
+:meth:`~.runlife.RunLife.lock_schedule_of`). A lock taken with ``SKIP LOCKED`` never waits and
+may break the order (the tick's due schedules and ``replace`` victims, the dispatcher's claim).
+A worker's heartbeat row is written by its own process only, in a transaction of its own.
+The places that take locks say "lock order" and refer here.
 """
 
 from __future__ import annotations
@@ -67,7 +80,7 @@ from .held import (
 from .messages import clip_error, message_options
 from .policy import Definition, EntrySpec, Policy
 from .rows import apply_state, state_of, write_state
-from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms, runs_of
+from .runlife import _ACTIVE, SETTLED_CHANNEL, RunLife, Settled, elapsed_ms, not_before, runs_of
 from .schema import IterationRow, LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 from .ticks import (
     Emission,
@@ -248,7 +261,7 @@ def _due(now: datetime, limit: int) -> Any:
 
 
 def _replaceable(s: Session, row: Any, policy: Policy, state: ScheduleState) -> list[Any]:
-    """The oldest active runs ``replace`` may revoke: ``(id, started_at)``, all of them at most.
+    """The oldest active runs ``replace`` may revoke: ``(id, started_at, enqueued_at)``, all at most.
 
     Only runs of this incarnation of the schedule hold its slots: an earlier schedule's run
     of the same name is left alone.
@@ -260,7 +273,7 @@ def _replaceable(s: Session, row: Any, policy: Policy, state: ScheduleState) -> 
     if policy.missed_ticks is not MissedTicks.REPLACE or state.active_runs == 0:
         return []
     query = (
-        select(RunRow.id, RunRow.started_at)
+        select(RunRow.id, RunRow.started_at, RunRow.enqueued_at)
         .where(runs_of(row.name, row.incarnation), RunRow.state.in_(_ACTIVE))
         .order_by(RunRow.scheduled_for)
         .limit(state.active_runs)
@@ -277,12 +290,13 @@ def _revoke_replaced(s: Session, victims: Sequence[Any], now: datetime) -> list[
     worker finds the run settled and changes nothing.
     """
     revoked: list[str] = []
-    for run_id, started_at in victims:
-        elapsed = elapsed_ms(started_at, now)
+    for run_id, started_at, enqueued_at in victims:
+        finished = not_before(now, enqueued_at, started_at)
+        elapsed = elapsed_ms(started_at, finished)
         done = s.execute(
             update(RunRow)
             .where(RunRow.id == run_id, RunRow.state.in_(_ACTIVE))
-            .values(state=RunState.REVOKED.value, finished_at=now, elapsed_ms=elapsed, error=REPLACED)
+            .values(state=RunState.REVOKED.value, finished_at=finished, elapsed_ms=elapsed, error=REPLACED)
         )
         if done.rowcount:  # type: ignore[attr-defined]
             revoked.append(run_id)
@@ -391,10 +405,14 @@ class Store(RunLife):
             except UnknownScheduleError:
                 return None
             revoked: list[str] = []
-            if revoke_active:  # this schedule's runs: an earlier one's of the name run on
+            if revoke_active:
+                # This schedule's runs (an earlier one's of the name run on). Lock order (module
+                # docstring): the schedule is held, its runs go by id.
                 incarnation = held.rows[name].incarnation
                 active = s.scalars(
-                    select(RunRow.id).where(runs_of(name, incarnation), RunRow.state.in_(_ACTIVE))
+                    select(RunRow.id)
+                    .where(runs_of(name, incarnation), RunRow.state.in_(_ACTIVE))
+                    .order_by(RunRow.id)
                 ).all()
                 for run_id in active:
                     if self.settle_in(s, run_id, RunState.REVOKED, now=now, error=REMOVED_WITH_REVOKE):
@@ -788,9 +806,10 @@ class Store(RunLife):
     def _reject_stale_row(
         self, s: Session, queue_id: int, run_id: str | None, *, now: datetime, error: str, rng: random.Random
     ) -> Settled | None:
-        """Take one stale queue row and settle its run ``rejected``, both guarded (run, then queue:
-        the lock order of ``start_run`` and the dispatcher's mark)."""
+        """Take one stale queue row and settle its run ``rejected``, both guarded (schedule, run,
+        then queue: the lock order in the module docstring)."""
         if run_id is not None:
+            self.lock_schedule_of(s, run_id)
             state = s.scalar(select(RunRow.state).where(RunRow.id == run_id).with_for_update())
             if state != RunState.QUEUED.value:
                 return None

@@ -1,7 +1,11 @@
-"""The worker side's write-behind of run starts and outcomes, plus the per-process heartbeat.
+"""The worker side's record of run starts, write-behind of outcomes, and the per-process heartbeat.
 
-The Celery signal receivers (:mod:`.receivers`) hand each start and outcome to the process's
-:class:`Tracker`, which queues it and returns: the task thread never waits for the database.
+A run's start is recorded before its body runs (:meth:`Tracker.begin`, one round trip): the
+atomic start tells a second delivery of the same message that the run is taken, and a worker
+killed right after the body began leaves a ``started`` run (settled ``lost``), not one that
+looks never started. The Celery signal receivers (:mod:`.receivers`) hand each outcome to
+the process's :class:`Tracker`, which queues it and returns: the task thread does not wait
+for the database to record an outcome.
 The tracker's thread writes whatever is queued in one transaction (:mod:`.worklog`), so a
 burst of short tasks costs a few statements per batch, not two commits per run. A batch that
 cannot reach the database (an outage) stays queued in order and is retried every second, so
@@ -11,12 +15,13 @@ exits writes what it queued first (``worker_process_shutdown`` / ``worker_shutdo
 killed outright loses at most the last few milliseconds of reports, and the beat's reaper
 settles those runs ``lost``.
 
-Heartbeats: each worker process with at least one active run writes one row of
-``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one statement per process,
-however many runs it has); the beat's reaper settles the runs of a process whose heartbeat
-is older than three intervals as ``lost``. A prefork child killed mid-run is reported at
-once by the pool's ``WorkerLostError`` (settled ``lost`` by the parent process); a whole
-worker killed is found by the reaper.
+Heartbeats: each worker process with at least one active run, or a report not yet written,
+writes one row of ``boundedbeat_workers`` per ``boundedbeat_heartbeat_interval`` (one
+statement per process, however many runs it has), from a thread of its own and in a
+transaction of its own, so a batch that waits never holds it up; the beat's reaper settles
+the runs of a process whose heartbeat is older than three intervals as ``lost``. A prefork
+child killed mid-run is reported at once by the pool's ``WorkerLostError`` (settled ``lost``
+by the parent process); a whole worker killed is found by the reaper.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 
@@ -42,7 +47,7 @@ from .engine import get_engine
 from .enums import RunState
 from .faults import is_outage
 from .reportproc import ReportProcess
-from .runlife import Settled
+from .runlife import Begun, Settled
 from .runtime import OutageLog
 from .settings import Settings
 from .store import Store, utcnow
@@ -87,6 +92,17 @@ class _PendingSettle:
 
 
 _Pending = _PendingStart | _PendingSettle
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one that is not ours to signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _in_memory(settings: Settings) -> bool:
@@ -138,7 +154,12 @@ class Tracker:
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
         self._writes = OutageLog(logger, "recording runs in the database")
+        self._starts = OutageLog(logger, "recording run starts before their tasks run")
         self._beats = OutageLog(logger, "the worker heartbeat")
+        self._writer_thread: threading.Thread | None = None
+        #: Until then (monotonic) starts are written behind without the duplicate check: the
+        #: database failed the last one (an outage or a held row).
+        self._check_after = 0.0
 
     @property
     def settings(self) -> Settings:
@@ -207,13 +228,82 @@ class Tracker:
         with self._lock:
             return self._known.get(task_id)
 
-    def started(self, run_id: str, hostname: str, limit: float | None) -> None:
-        """A run began here: vouch for it by heartbeat and record its start (now or later)."""
+    def begin(self, run_id: str, hostname: str, limit: float | None, *, retried: bool = False) -> bool:
+        """A delivery of a run is about to run its body: record the start first, atomically,
+        and say whether the body may run (False: another delivery started the run and may
+        still be running it; this one must not run it again).
+
+        A database that cannot be asked (an outage)
+        cannot tell: the start is then recorded behind, as the outcomes are, and the body
+        runs; for the next second the other starts of this process do the same, so tasks do
+        not each wait for a database that is away.
+        ``retried``: a Celery retry of the run (``request.retries`` > 0), whose first
+        execution ended by asking for it: a continuation, never a duplicate.
+        """
+        self._after_fork_check()
+        at = utcnow()
+        if not self.settings.skip_duplicate_deliveries or time.monotonic() < self._check_after:
+            # The database just failed a check: tasks do not each wait for it while it is away.
+            self.started(run_id, hostname, limit, at=at)
+            return True
+        try:
+            self._beat_if_due()  # the process's heartbeat row exists before its run shows started
+            found = self.store.begin_run(
+                run_id, worker=hostname, process=self.process, now=at, max_run_time=limit
+            )
+            why = self._duplicate(run_id, found, hostname, retried=retried)
+        except Exception as exc:
+            self._starts.failed(exc)
+            self._check_after = time.monotonic() + _RETRY_EVERY
+            self.started(run_id, hostname, limit, at=at)
+            return True
+        self._starts.succeeded()
+        if why is not None:
+            logger.warning(
+                "celery_boundedbeat: run %s is not run again by this delivery of its message: %s",
+                run_id,
+                why,
+            )
+            return False
+        with self._lock:
+            self._active.add(run_id)
+        self._ensure_heartbeat()
+        return True
+
+    def _duplicate(self, run_id: str, found: Begun, hostname: str, *, retried: bool) -> str | None:
+        """Why a delivery whose start was not the first must not run the body (None: it may)."""
+        if found.first or found.state is None:
+            return None
+        if found.state == RunState.STARTED.value:
+            if not retried and (found.process == self.process or not self._gone(found)):
+                at = found.started_at.isoformat(timespec="milliseconds") if found.started_at else "?"
+                return f"another delivery started it at {at} in {found.process}, which may still run it"
+            # A Celery retry, or a redelivery after the first process died: a continuation.
+            if not self.store.take_over_run(
+                run_id, worker=hostname, process=self.process, previous=found.process
+            ):
+                return "another delivery took it over first"
+            return None
+        if found.started_at is not None or found.state == RunState.REVOKED.value:
+            return f"it is {found.state} already"
+        return None  # settled without a start (rejected): runs late, its outcome noted beside
+
+    def _gone(self, found: Begun) -> bool:
+        """Whether the process that recorded a run's start can no longer be running it: a
+        process of this host whose pid is gone, or one whose heartbeat the reaper calls dead."""
+        host, _, pid = (found.process or "").rpartition(":")
+        if host == socket.gethostname() and pid.isdigit():
+            return not _alive(int(pid))
+        silent_since = utcnow() - timedelta(seconds=3 * self.settings.heartbeat_interval)
+        return found.heartbeat_at is None or found.heartbeat_at < silent_since
+
+    def started(self, run_id: str, hostname: str, limit: float | None, *, at: datetime | None = None) -> None:
+        """A run began here: vouch for it by heartbeat and record its start later (write-behind)."""
         self._after_fork_check()
         with self._lock:
             self._active.add(run_id)
         self._ensure_heartbeat()
-        self._submit(_PendingStart(run_id=run_id, worker=hostname, at=utcnow(), limit=limit))
+        self._submit(_PendingStart(run_id=run_id, worker=hostname, at=at or utcnow(), limit=limit))
 
     def settle(self, run_id: str, state: RunState, error: str | None = None) -> None:
         """A run ended here (the first report of it in this process wins)."""
@@ -320,11 +410,7 @@ class Tracker:
             )
 
     def _write_start(self, item: _PendingStart) -> None:
-        mono = time.monotonic()
-        if mono - self._last_heartbeat >= self.settings.heartbeat_interval / 2:
-            # A process's first run: its heartbeat row exists before the run shows started.
-            self.store.heartbeat(self.process, socket.gethostname(), os.getpid(), utcnow())
-            self._last_heartbeat = mono
+        self._beat_if_due()
         self.store.start_run(
             item.run_id, worker=item.worker, process=self.process, now=item.at, max_run_time=item.limit
         )
@@ -386,9 +472,10 @@ class Tracker:
             for i in batch
             if isinstance(i, _PendingSettle)
         ]
-        beat = self._due_beat() if starts else None
         try:
-            done = self._write_many(starts, outcomes, beat)
+            if starts:  # its own transaction: a batch that waits for a row never holds the heartbeat
+                self._beat_if_due()
+            done = self._write_many(starts, outcomes, None)
         except Exception as exc:
             if is_outage(exc):
                 self._writes.failed(exc)
@@ -403,8 +490,6 @@ class Tracker:
                 if not self._write(item):
                     return written
             return len(batch)
-        if beat is not None:
-            self._last_heartbeat = time.monotonic()
         self._writes.succeeded()
         for item, settled in zip((i for i in batch if isinstance(i, _PendingSettle)), done, strict=True):
             self._log_written(item, settled)
@@ -431,11 +516,13 @@ class Tracker:
         if self.writer == "process":
             self._report_process().ready()
 
-    def _due_beat(self) -> Beat | None:
-        """The heartbeat to write before a start: a process's first run needs its row first."""
+    def _beat_if_due(self) -> None:
+        """The heartbeat before a start, in a transaction of its own: a process's first run
+        needs its row first (and a row held by a batch would hold every later heartbeat)."""
         if time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval / 2:
-            return None
-        return Beat(process=self.process, hostname=socket.gethostname(), pid=os.getpid(), at=utcnow())
+            return
+        self.store.heartbeat(self.process, socket.gethostname(), os.getpid(), utcnow())
+        self._last_heartbeat = time.monotonic()
 
     def shutdown(self) -> None:
         """The process is exiting: one last attempt at what it kept; say loudly what is lost."""
@@ -453,16 +540,22 @@ class Tracker:
     # -- heartbeat ----------------------------------------------------------------------
 
     def _ensure_heartbeat(self) -> None:
-        if self._hb_thread is not None and self._hb_thread.is_alive():
-            return
-        self._hb_thread = threading.Thread(
-            target=self._heartbeat_loop, name="boundedbeat-heartbeat", daemon=True
-        )
-        self._hb_thread.start()
+        """Start this process's two threads if they are not running: the writer of reports and
+        the heartbeat. Apart, so a batch waiting for a row another process holds (or for the
+        report process) never holds the heartbeat that tells the reaper this process lives."""
+        if self._writer_thread is None or not self._writer_thread.is_alive():
+            self._writer_thread = threading.Thread(
+                target=self._writer_loop, name="boundedbeat-writer", daemon=True
+            )
+            self._writer_thread.start()
+        if self._hb_thread is None or not self._hb_thread.is_alive():
+            self._hb_thread = threading.Thread(
+                target=self._heartbeat_loop, name="boundedbeat-heartbeat", daemon=True
+            )
+            self._hb_thread.start()
 
-    def _heartbeat_loop(self) -> None:
+    def _writer_loop(self) -> None:
         interval = self.settings.heartbeat_interval
-        hostname = socket.gethostname()
         while True:
             self._hb_wake.wait(self._idle_for(interval))
             self._hb_wake.clear()
@@ -473,8 +566,21 @@ class Tracker:
                     if gathered < linger and len(self._queue) < BATCH:
                         time.sleep(linger - gathered)
                     self.flush(drain=False)
+            except Exception:  # never let the thread die: it carries the pending outcomes
+                logger.exception("celery_boundedbeat: report writer iteration failed")
+
+    def _heartbeat_loop(self) -> None:
+        """One heartbeat per interval while a run of this process is active *or its report
+        is not yet written*: a run that finished here and whose outcome is still on its way
+        (a database outage, a row held elsewhere) is never settled ``lost`` while the
+        process lives."""
+        interval = self.settings.heartbeat_interval
+        hostname = socket.gethostname()
+        while True:
+            time.sleep(max(self._last_heartbeat + interval * 0.9 - time.monotonic(), interval * 0.1))
+            try:
                 with self._lock:
-                    busy = bool(self._active)
+                    busy = bool(self._active) or bool(self._queue)
                 if busy and time.monotonic() - self._last_heartbeat >= interval * 0.9:
                     try:
                         self.store.heartbeat(self.process, hostname, os.getpid(), utcnow())
@@ -483,8 +589,8 @@ class Tracker:
                     else:
                         self._last_heartbeat = time.monotonic()
                         self._beats.succeeded()
-            except Exception:  # never let the thread die: it carries the pending outcomes
-                logger.exception("celery_boundedbeat: heartbeat loop iteration failed")
+            except Exception:  # never let the thread die
+                logger.exception("celery_boundedbeat: heartbeat iteration failed")
 
     def _idle_for(self, interval: float) -> float:
         """How long the thread may sleep: until the next retry while the database is away

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from .enums import ACTIVE_STATES, RunState
 from .held import HeldRows, driver_connection, driver_cursor, hold_pg, pipeline, write_changed
-from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms, settles_onto
+from .runlife import _DECIDED_WITHOUT_THE_TASK, SETTLED_CHANNEL, Settled, elapsed_ms, not_before, settles_onto
 from .store import Store
 
 
@@ -83,11 +83,18 @@ _PG_START = """
     WHERE r.id = v.id AND r.state IN (%(queued)s, %(published)s, %(started)s)
 """
 
-#: The batch's runs, locked in id order, so two batches (or a batch and the reaper) cannot
-#: deadlock on them.
-_PG_RUNS = """
-    SELECT id, schedule, incarnation, started_at, state, error FROM boundedbeat_runs
+#: Every run of the batch (starts and outcomes), locked in id order before any is changed:
+#: the lock order of :mod:`.store` (an ``UPDATE ... FROM unnest`` locks in report order, and
+#: deadlocked with the dispatcher's mark, which locks in id order).
+_PG_LOCK_RUNS = """
+    SELECT id FROM boundedbeat_runs
     WHERE id = ANY(CAST(%(ids)s AS text[])) ORDER BY id FOR UPDATE
+"""
+
+#: The outcomes' runs as the batch's starts left them (locked above).
+_PG_RUNS = """
+    SELECT id, schedule, incarnation, started_at, state, error, enqueued_at FROM boundedbeat_runs
+    WHERE id = ANY(CAST(%(ids)s AS text[]))
 """
 
 #: Every outcome of the batch in one statement (the rows are locked by this transaction).
@@ -102,9 +109,18 @@ _PG_FINISH = """
     WHERE r.id = v.id
 """
 
-#: The settled runs' schedules, locked in name order (as every writer of them locks them).
-_LOCK_SCHEDULES = "name = ANY(CAST(%(names)s AS text[])) ORDER BY name FOR UPDATE"
+#: The schedules of the outcomes' runs, locked in name order before their runs (the lock
+#: order of :mod:`.store`); a run's schedule never changes, so it is read unlocked.
+_LOCK_SCHEDULES = (
+    "name IN (SELECT schedule FROM boundedbeat_runs WHERE id = ANY(CAST(%(ids)s AS text[]))) "
+    "ORDER BY name FOR UPDATE"
+)
 _PG_UNQUEUE = "DELETE FROM boundedbeat_queue WHERE run_id = ANY(CAST(%(ids)s AS text[]))"
+
+
+#: Seconds a batch waits for a row another transaction holds before it is kept and retried as
+#: after an outage (a second later, with one log line): a wait is bounded and says why.
+REPORT_LOCK_TIMEOUT = 5.0
 
 
 class _Run(NamedTuple):
@@ -114,6 +130,7 @@ class _Run(NamedTuple):
     started_at: datetime | None
     state: str
     error: str | None
+    enqueued_at: datetime | None
 
 
 _ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
@@ -189,16 +206,23 @@ def _write_pg(
     statement each, eight of them, cost the tasks more than the statements cost PostgreSQL.
     """
     conn = driver_connection(s)
-    with pipeline(conn):
-        _start_many(s, starts)
-        runs = _lock_runs(s, outcomes)
-    settled, finished, repeats = _decide(store, s, outcomes, runs)
+    outcome_ids = sorted({o.run_id for o in outcomes})
     held = None
+    with pipeline(conn):
+        with driver_cursor(s) as cur:  # a row held elsewhere (a frozen process): retried, logged
+            cur.execute(f"SET LOCAL lock_timeout = {int(REPORT_LOCK_TIMEOUT * 1000)}")
+        # Lock order (:mod:`.store`): the outcomes' schedules, then every run of the batch by id.
+        if outcome_ids:
+            held = hold_pg(s, _LOCK_SCHEDULES, {"ids": outcome_ids})
+        with driver_cursor(s) as cur:
+            cur.execute(_PG_LOCK_RUNS, {"ids": sorted({r.run_id for r in starts} | set(outcome_ids))})
+        _start_many(s, starts)
+        runs = _read_runs(s, outcome_ids)
+    settled, finished, repeats = _decide(store, s, outcomes, runs)
     if finished:
-        names = sorted({x.schedule for x in settled if x is not None})
+        assert held is not None
         with pipeline(conn):
             _write_finished(s, finished)
-            held = hold_pg(s, _LOCK_SCHEDULES, {"names": names})
         _count_on_schedules(store, s, held, runs, [x for x in settled if x is not None], finished, rng)
     for o in repeats:  # a second report of a run this batch settled: as it would be after it
         first, _ = finished[o.run_id]
@@ -206,7 +230,7 @@ def _write_pg(
             store.note_late_outcome(s, o.run_id, first.state.value, first.error, o.state, o.at, o.error)
     done = {r.run_id for r in starts} | set(finished)
     with pipeline(conn), driver_cursor(s) as cur:
-        if held is not None:
+        if held is not None and finished:
             write_changed(s, held)
             store._notify(s, SETTLED_CHANNEL, min(held.rows, default=""))
         if done:  # a started or settled run has no queue row left (a worker may beat the mark)
@@ -214,11 +238,11 @@ def _write_pg(
     return settled
 
 
-def _lock_runs(s: Session, outcomes: Sequence[OutcomeReport]) -> dict[str, _Run]:
-    if not outcomes:
+def _read_runs(s: Session, ids: list[str]) -> dict[str, _Run]:
+    if not ids:
         return {}
     with driver_cursor(s) as cur:
-        cur.execute(_PG_RUNS, {"ids": sorted({o.run_id for o in outcomes})})
+        cur.execute(_PG_RUNS, {"ids": ids})
         return {row[0]: _Run(*row) for row in cur.fetchall()}
 
 
@@ -245,7 +269,10 @@ def _decide(
                 store.note_late_outcome(s, o.run_id, run.state, run.error, o.state, o.at, o.error)
             settled.append(None)
             continue
-        elapsed = elapsed_ms(run.started_at, o.at)
+        at = not_before(o.at, run.enqueued_at, run.started_at)
+        if at != o.at:  # another host's clock stamped the run later: its times never go back
+            o = replace(o, at=at)
+        elapsed = elapsed_ms(run.started_at, at)
         finished[o.run_id] = (o, elapsed)
         settled.append(Settled(run_id=o.run_id, schedule=run.schedule, state=o.state, elapsed_ms=elapsed))
     return settled, finished, repeats

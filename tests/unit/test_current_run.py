@@ -68,8 +68,8 @@ class FakeTracker:
         self.reads += 1
         return self.rows.get(run_id)
 
-    def started(self, run_id: str, hostname: str, limit: float | None) -> None:
-        pass
+    def begin(self, run_id: str, hostname: str, limit: float | None, *, retried: bool = False) -> bool:
+        return True
 
     def settle(self, run_id: str, state: Any, error: str | None = None) -> None:
         self.settled.append(run_id)
