@@ -225,8 +225,9 @@ def test_every_connection_terminated_under_load_loses_nothing_and_doubles_nothin
     measure("update to first run with it after a cut, max", max(update_latency), " s")
     # A run ends in milliseconds: a tick skipped as busy means its report waited. A worker
     # whose connection was cut used to hold every report for the outage's retry second, and
-    # 17-43 ticks were skipped a cut (228-558 in the window); none are now, allow a few.
-    assert busy <= len(cuts), f"{busy} ticks skipped as busy over {len(cuts)} cuts"
+    # 17-43 ticks were skipped a cut (228-558 in the window). None are now; a second's stall
+    # of the shared cores may still skip one tick of every schedule: allow two such stalls.
+    assert busy <= 2 * (SCHEDULES + 3), f"{busy} ticks skipped as busy over {len(cuts)} cuts"
     assert max(add_latency) < PICKUP, add_latency
     assert max(update_latency) < PICKUP, update_latency
     assert holder.alive and standby.alive and threads.alive and prefork.alive
