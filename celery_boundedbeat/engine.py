@@ -14,6 +14,7 @@ from sqlalchemy.exc import DisconnectionError, NoSuchModuleError
 
 from .exceptions import ConfigurationError
 from .redact import mask_url, scrub
+from .settings import MAX_PREPARE_AHEAD
 
 _engines: dict[tuple[int, str], Engine] = {}
 _lock = threading.Lock()
@@ -23,6 +24,14 @@ SQLITE_BUSY_SECONDS = 30
 
 #: Seconds a pooled PostgreSQL connection may have been idle and still be handed out unpinged.
 PING_WHEN_IDLE_FOR = 1.0
+
+#: Seconds the server lets a session of ours sit idle inside a transaction before it ends it.
+#: The longest we wait on purpose is a prepared tick's (``prepare_ahead``, at most
+#: ``MAX_PREPARE_AHEAD``); past twice that the process is gone, frozen or cut off without a
+#: word (a NAT that dropped the flow), and the schedule rows it locked must come free for the
+#: beat that takes over the lease. At 60 s every schedule of a holder that went silent in a
+#: prepared tick stayed locked, and unticked, for a minute after the standby took over.
+IDLE_IN_TRANSACTION_SECONDS = 2 * MAX_PREPARE_AHEAD
 
 
 def normalize_url(url: str) -> URL:
@@ -136,7 +145,7 @@ def _create(url: str) -> Engine:
             max_overflow=5,
             connect_args={
                 "connect_timeout": 10,
-                "options": "-c idle_in_transaction_session_timeout=60000",
+                "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_SECONDS * 1000:.0f}",
             },
         )
         if idle_ping:

@@ -135,6 +135,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         #: reaper's work) and whether settles may have left alerts to send.
         self._known_due: datetime | None = None
         self._stale = True
+        #: Ticks failed in a row (the first is tried again at once: a cut connection).
+        self._tick_failures = 0
         self._runs_may_be_active = True
         self._alerts_may_wait = True
         #: Whether no tick has looked since the lease was taken (:meth:`_tick_late`).
@@ -299,6 +301,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             result = self._emit_due(now)
             if result is None:
                 self._stale = True
+                if self._tick_failures == 1:
+                    # A tick that fails right after one worked most likely met a cut
+                    # connection, which the pool has dropped: tick again now. Waiting the poll
+                    # interval made every run due meanwhile that much late.
+                    return 0
             else:
                 self._known_due = result.next_due_at
                 if self._ahead is not None:
@@ -460,8 +467,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 expires_after=self.settings.start_timeout,
             )
         except Exception as exc:
+            self._tick_failures += 1
             self._failed("tick", exc, now)
             return None
+        self._tick_failures = 0
         self._succeeded("tick")
         return result
 

@@ -142,6 +142,8 @@ class Tracker:
         self._queue: deque[_Pending] = deque()
         #: While the database is away: the monotonic time of the next attempt.
         self._retry_at = 0.0
+        #: The last write failed even when tried again at once (the database is away).
+        self._down = False
         #: When the queue last went from empty to not empty (monotonic).
         self._queued_at = 0.0
         #: Seconds the last batch took to write (sets how long the next one gathers).
@@ -437,6 +439,12 @@ class Tracker:
         thread writes one batch per call (``drain=False``) and lets the next one gather.
         """
         with self._flush_lock:  # the writer thread and a shutdown must not write one item twice
+            # A failure while the database answered a moment ago is most likely one cut
+            # connection (pg_terminate_backend, a restarted proxy): the pool has dropped it and
+            # the next connection works, so that batch is tried again at once. Waiting the
+            # outage's second held every report of this process, and a run that had ended kept
+            # its slot: the next tick of its schedule was skipped as busy.
+            again = not self._down
             while True:
                 with self._lock:
                     batch = list(islice(self._queue, BATCH))
@@ -451,8 +459,13 @@ class Tracker:
                     # What arrived while this batch was written gathers afresh for the next.
                     self._queued_at = time.monotonic()
                 if written < len(batch):
+                    if again:
+                        again = False
+                        continue
+                    self._down = True
                     self._retry_at = time.monotonic() + _RETRY_EVERY
                     return False
+                self._down = False
                 if not drain:
                     return True
 

@@ -27,7 +27,11 @@ class Pair:
         self.marked = False
 
     def close(self) -> None:
+        """Close both ends so each peer sees it: a plain ``close()`` while the other pump
+        thread waits in ``recv`` on that socket sends no FIN, and its peer waits forever."""
         for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 

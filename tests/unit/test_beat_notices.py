@@ -152,3 +152,44 @@ def test_the_definition_cache_stays_bounded_while_schedules_come_and_go(
         assert largest > sweep_slack(0) // 2, "the churn is large enough to reach the sweep"
     finally:
         scheduler.close()
+
+
+def test_a_tick_that_fails_once_is_tried_again_at_once_and_a_second_failure_waits(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One failed tick (a cut connection, replaced by the pool) is followed by another at once.
+
+    The beat used to wait its poll interval first, and every run due meanwhile was emitted that
+    much late (870 ms under ``pg_terminate_backend`` in tests/faults/test_terminated_connections.py).
+    A second failure in a row is an outage: the beat waits as before.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    scheduler = Scheduler(_app(sqlite_url, boundedbeat_poll_interval=5.0), max_interval=5.0)
+    try:
+        scheduler.tick()  # lease, reconcile, the first look
+        waits: list[float] = []
+        monkeypatch.setattr(scheduler, "_wait", waits.append)
+        failing = [2]
+        real = scheduler.store.tick
+
+        def cut(*args: Any, **kwargs: Any) -> Any:
+            if failing[0]:
+                failing[0] -= 1
+                raise OperationalError("SELECT", {}, ConnectionResetError("terminating connection"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(scheduler.store, "tick", cut)
+        scheduler._on_notify(SCHEDULES_CHANNEL, "")
+        assert scheduler.tick() == 0 and waits == [], "the first failure waited"
+        scheduler.tick()
+        assert len(waits) == 1 and waits[0] > 0.5, "a second failure in a row is an outage: wait"
+        scheduler.tick()
+        assert failing == [0] and scheduler._tick_failures == 0
+        failing[0] = 1
+        scheduler._on_notify(SCHEDULES_CHANNEL, "")
+        waits.clear()
+        scheduler.tick()
+        assert waits == [], "after a success, a failure is again tried at once"
+    finally:
+        scheduler.close()

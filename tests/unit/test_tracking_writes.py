@@ -123,11 +123,10 @@ def test_a_refused_fallback_during_an_outage_is_retried_not_dropped(tracker: Fak
     """If the database goes away between the refusal and the fallback write, the outcome is kept."""
     tracker.fake.refuse_errors = True
     original = tracker.fake.settle_run
-    calls = {"n": 0}
+    gone = {"now": True}
 
     def flaky(run_id: str, state: RunState, **kw: Any) -> Settled:
-        calls["n"] += 1
-        if calls["n"] == 2:
+        if gone["now"] and "not recordable" in (kw.get("error") or ""):  # the fallback write
             raise OperationalError("UPDATE", {}, ConnectionRefusedError("gone"))
         return original(run_id, state, **kw)
 
@@ -135,6 +134,7 @@ def test_a_refused_fallback_during_an_outage_is_retried_not_dropped(tracker: Fak
     tracker.settle("r1", RunState.FAILED, "boom")
     assert tracker.flush() is False  # refused, then the fallback met the outage: kept
     assert tracker.fake.written == [] and len(tracker._queue) == 1
+    gone["now"] = False
     assert tracker.flush() is True
     assert [(run, state) for run, state, _ in tracker.fake.written] == [("r1", RunState.FAILED)]
 
@@ -177,3 +177,35 @@ def test_during_an_outage_new_reports_do_not_hasten_the_next_attempt(tracker: Fa
     assert tracker._idle_for(10.0) == 0.0 and len(tracker._queue) == 2
     tracker.fake.down = False
     assert tracker.flush() is True and tracker._idle_for(10.0) == 10.0
+
+
+def test_a_write_that_fails_once_after_success_is_tried_again_at_once(tracker: FakeTracker) -> None:
+    """A cut connection fails one write; the next connection works: no second of waiting.
+
+    Before, every report of the process waited the outage's retry second, and the runs that had
+    ended kept their slots: the next tick of each of their schedules was skipped as busy.
+    """
+    original = tracker.fake.write_many
+    calls = {"n": 0}
+
+    def cut_once(starts: list[StartReport], outcomes: list[OutcomeReport]) -> list[Settled | None]:
+        calls["n"] += 1
+        if calls["n"] in (2, 5):  # the connection is cut under the second and the fifth write
+            raise OperationalError("UPDATE", {}, ConnectionResetError("terminating connection"))
+        return original(starts, outcomes)
+
+    tracker.fake.write_many = cut_once  # type: ignore[method-assign]
+    for n in range(3):
+        tracker.settle(f"r{n}", RunState.COMPLETED)
+        assert tracker.flush() is True, f"r{n} kept for a retry"
+        assert tracker._idle_for(10.0) == 10.0
+    assert [run for run, _, _ in tracker.fake.written] == ["r0", "r1", "r2"]
+    tracker.fake.down = True  # a real outage: tried twice, then every second as before
+    tracker.settle("r3", RunState.COMPLETED)
+    assert tracker.flush() is False
+    assert 0.5 < tracker._idle_for(10.0) <= 1.0
+    tracker._retry_at = 0.0
+    assert tracker.flush() is False and calls["n"] == 7, "a retry during an outage is one attempt"
+    tracker.fake.down = False
+    assert tracker.flush() is True
+    assert [run for run, _, _ in tracker.fake.written] == ["r0", "r1", "r2", "r3"]
