@@ -33,6 +33,19 @@ PING_WHEN_IDLE_FOR = 1.0
 #: prepared tick stayed locked, and unticked, for a minute after the standby took over.
 IDLE_IN_TRANSACTION_SECONDS = 2 * MAX_PREPARE_AHEAD
 
+#: libpq's bounds on a connection whose flow was dropped without a word (a NAT or load
+#: balancer forgetting it, a host gone): kernel keepalives find an idle one dead within about
+#: 20 s, and a request the server never acknowledges fails after 15 s. Without them a thread
+#: waiting for a reply (a COMMIT, a report batch) waited for the kernel's own limits: about
+#: 15 minutes of retransmissions, or two hours of silence before the first keepalive.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+
 
 def normalize_url(url: str) -> URL:
     """Plain ``postgresql://`` URLs use psycopg 3, the driver this package depends on."""
@@ -138,15 +151,14 @@ def _create(url: str) -> Engine:
         # A database that drops packets must not hang beat or a worker forever, and a
         # frozen leader must not keep schedule rows locked: bound both on the server.
         idle_ping = parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg"
+        connect_args: dict[str, Any] = {
+            "connect_timeout": 10,
+            "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_SECONDS * 1000:.0f}",
+        }
+        if idle_ping:  # libpq's parameters, through psycopg
+            connect_args.update(KEEPALIVES)
         engine = create_engine(
-            parsed,
-            pool_pre_ping=not idle_ping,
-            pool_size=5,
-            max_overflow=5,
-            connect_args={
-                "connect_timeout": 10,
-                "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_SECONDS * 1000:.0f}",
-            },
+            parsed, pool_pre_ping=not idle_ping, pool_size=5, max_overflow=5, connect_args=connect_args
         )
         if idle_ping:
             _ping_when_idle(engine)

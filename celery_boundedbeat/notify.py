@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .engine import normalize_url
+from .engine import KEEPALIVES, normalize_url
 from .redact import mask_url
 
 logger = logging.getLogger("celery_boundedbeat")
@@ -36,9 +36,6 @@ PROBE_EVERY = 3.0
 PROBE_TIMEOUT = 3.0
 #: The name the listener's session shows in ``pg_stat_activity``.
 APPLICATION_NAME = "boundedbeat-listen"
-#: Kernel keepalives on the listener's socket too (a backstop for the probe; they also keep a
-#: NAT entry alive on a connection the probe keeps busy anyway).
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3}
 
 
 class ConnectionDead(Exception):
@@ -175,6 +172,7 @@ class Listener:
         from psycopg.conninfo import make_conninfo
 
         url = normalize_url(self._url).set(drivername="postgresql").render_as_string(hide_password=False)
+        # The engine's keepalives: a backstop for the probe, and they keep a NAT entry alive.
         return make_conninfo(url, connect_timeout=5, application_name=APPLICATION_NAME, **KEEPALIVES)
 
     def _run(self) -> None:

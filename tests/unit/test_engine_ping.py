@@ -63,3 +63,16 @@ def test_the_ping_opens_no_transaction(engine: Engine, monkeypatch: pytest.Monke
         assert raw is not None
         assert raw.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert conn.scalar(text("SELECT 1")) == 1
+
+
+def test_pooled_connections_carry_libpqs_bounds_for_a_dropped_flow(engine: Engine) -> None:
+    """Keepalives and ``tcp_user_timeout`` are set on every pooled connection: a dropped flow
+    fails a waiting statement within seconds, not after the kernel's minutes or hours. (The
+    drop itself needs a network that stops acknowledging, which a local proxy cannot be: its
+    kernel acknowledges for it; this checks what libpq was told.)"""
+    with engine.connect() as conn:
+        info = conn.connection.dbapi_connection.info  # type: ignore[union-attr]
+        parameters = info.get_parameters()
+    assert {key: parameters.get(key) for key in engines.KEEPALIVES} == {
+        key: str(value) for key, value in engines.KEEPALIVES.items()
+    }
