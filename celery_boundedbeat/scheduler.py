@@ -87,6 +87,20 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def reaper_grace(down: float, heartbeat_interval: float) -> float:
+    """Seconds the reaper waits after the database was out for ``down`` seconds.
+
+    Workers could not write heartbeats or outcomes meanwhile either, so after a real outage
+    the reaper gives them three heartbeat intervals. A run is settled ``lost`` once its
+    worker's heartbeat is three intervals old; a live worker beats every interval, so after an
+    outage shorter than half an interval (a cut connection, replaced at once) its heartbeat is
+    at most 2½ intervals old when it next writes: no wait is needed. Waiting after each such
+    blip would hold the reaper back for as long as the cuts go on (a pooler restarting every
+    few seconds), and a dead worker's runs with it.
+    """
+    return 0.0 if down < heartbeat_interval / 2 else 3 * heartbeat_interval
+
+
 class Scheduler(beat.Scheduler):  # type: ignore[misc]
     """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
 
@@ -677,7 +691,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         down = self._recorder.succeeded(loop)
         if down is None:
             return
-        grace = 3 * self.settings.heartbeat_interval
+        grace = reaper_grace(down, self.settings.heartbeat_interval)
+        if grace <= 0:
+            return
         self._reap_not_before = time.monotonic() + grace
         logger.warning(
             "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "

@@ -6,6 +6,7 @@ versions of the same faults are in the other modules of this package.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -192,6 +193,8 @@ def test_failed_beat_iterations_are_logged_once_recorded_and_survived(
         monkeypatch.setattr(store, "reject_unpublished", reject)
         monkeypatch.setattr(store, "acquire_lease", lease)
         monkeypatch.setattr(scheduler.lease, "next_renewal_at", 0.0)
+        seconds = itertools.count(0.0, 5.0)  # each look 5 s later: an outage, not a blip
+        monkeypatch.setattr(scheduler._recorder, "_clock", lambda: next(seconds))
         with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
             for _ in range(12):
                 scheduler.tick()

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.enums import RunState
 from celery_boundedbeat.lease import LEASE_NAME
-from celery_boundedbeat.scheduler import Scheduler
+from celery_boundedbeat.scheduler import Scheduler, reaper_grace
 from celery_boundedbeat.store import Store
 
 
@@ -139,12 +139,15 @@ def test_a_tick_lost_to_the_database_is_recorded_when_it_returns(
             return real_tick(*args, **kwargs)
 
         monkeypatch.setattr(store, "tick", tick)
+        clock = [0.0]  # the outage lasts 5 s: long enough for workers to have missed heartbeats
+        monkeypatch.setattr(scheduler._recorder, "_clock", lambda: clock[0])
         with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
             scheduler.tick()
             scheduler.tick()
             assert scheduler._recorder.unwritten == 2, "kept, not written, while the database is out"
             assert scheduler._reap_not_before == 0.0
             down[0] = False
+            clock[0] = 5.0
             scheduler.tick()
         failed = "celery_boundedbeat: beat tick failed; retrying"
         tracebacks = [r for r in caplog.records if r.getMessage() == failed]
@@ -349,3 +352,40 @@ def test_setup_freezes_what_start_up_built_out_of_full_collections(sqlite_url: s
     finally:
         scheduler.close()
         gc.unfreeze()
+
+
+def test_a_blip_shorter_than_half_a_heartbeat_does_not_hold_the_reaper_back(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut connection replaced at once leaves every live worker's heartbeat inside the
+    reaper's bound: waiting after each one held the reaper back for as long as cuts went on."""
+    scheduler = Scheduler(_quiet_app(sqlite_url))
+    try:
+        store = scheduler.store
+        scheduler.tick()
+        real_tick, down = store.tick, [True]
+
+        def tick(*args: Any, **kwargs: Any) -> Any:
+            if down[0]:
+                raise OperationalError("SELECT 1", {}, ConnectionRefusedError("refused"))
+            return real_tick(*args, **kwargs)
+
+        monkeypatch.setattr(store, "tick", tick)
+        clock = [0.0]
+        monkeypatch.setattr(scheduler._recorder, "_clock", lambda: clock[0])
+        with caplog.at_level(logging.INFO, logger="celery_boundedbeat"):
+            scheduler.tick()
+            down[0] = False
+            clock[0] = 0.2
+            scheduler.tick()
+        assert "is reachable again" not in caplog.text
+        assert scheduler._reap_not_before == 0.0
+    finally:
+        scheduler.close()
+
+
+def test_the_reapers_grace_after_an_outage_is_three_heartbeats_and_none_after_a_blip() -> None:
+    assert reaper_grace(0.0, 3.0) == 0.0
+    assert reaper_grace(1.4, 3.0) == 0.0
+    assert reaper_grace(1.5, 3.0) == 9.0
+    assert reaper_grace(60.0, 3.0) == 9.0
