@@ -16,7 +16,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from types import FrameType
@@ -85,11 +85,12 @@ class AheadTicker:
         schedules started ``prepare_ahead`` early and published its burst seconds late."""
         self._last_runs = max(self._last_runs, emitted)
 
-    def run(self, due: datetime) -> tuple[TickResult | None, bool]:
+    def run(self, due: datetime, set_aside: Sequence[str] = ()) -> tuple[TickResult | None, bool]:
         """Prepare the tick at ``due``, wait for it, commit and publish.
 
         Returns the committed tick (``None`` if nothing was certain enough to prepare) and
-        whether a message failed to publish (the dispatcher loop then retries it).
+        whether a message failed to publish (the dispatcher loop then retries it). Schedules
+        named in ``set_aside`` are left to the tick at ``due`` (:func:`.prepared.prepare_tick`).
 
         A stop signal from the commit to the record of the publish waits for that record
         (:func:`held_stop_signals`). Before the commit it goes through: Celery's handler calls
@@ -99,7 +100,7 @@ class AheadTicker:
         """
         self._running = threading.get_ident()
         try:
-            return self._run(due)
+            return self._run(due, set_aside)
         finally:
             self._running = None
 
@@ -107,7 +108,7 @@ class AheadTicker:
         """Whether this thread is in :meth:`run`: true inside a signal handler that interrupted it."""
         return self._running == threading.get_ident()
 
-    def _run(self, due: datetime) -> tuple[TickResult | None, bool]:
+    def _run(self, due: datetime, set_aside: Sequence[str]) -> tuple[TickResult | None, bool]:
         started = time.monotonic()
         prepared = prepare_tick(
             self.store,
@@ -118,6 +119,7 @@ class AheadTicker:
             claim_timeout=self.settings.dispatch_claim_timeout,
             expires_after=self.settings.start_timeout,
             rng=self._rng,
+            set_aside=set_aside,
         )
         if prepared is None:
             return None, False

@@ -24,7 +24,7 @@ the tick at ``due`` does the work as without preparing.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -110,8 +110,13 @@ def prepare_tick(
     claim_timeout: float,
     expires_after: float | None = None,
     rng: random.Random | None = None,
+    set_aside: Sequence[str] = (),
 ) -> PreparedTick | None:
     """Write the certain part of the tick at ``due``, uncommitted; ``None`` when nothing is certain.
+
+    ``set_aside`` names schedules whose own tick failed on their data: they are left to the
+    tick at ``due``, which takes them one at a time, so one bad row cannot fail every
+    preparation it falls due in.
 
     Only on PostgreSQL: SQLite has one writer at a time, so a transaction held open for the
     lead would stop every other writer (workers, the API) for as long.
@@ -122,7 +127,9 @@ def prepare_tick(
     session = Session(store.engine, expire_on_commit=False)
     session.begin()
     try:
-        prepared = _prepare(session, resolve, due, limit, claimer, claim_timeout, expires_after, rng)
+        prepared = _prepare(
+            session, resolve, due, limit, claimer, claim_timeout, expires_after, rng, set_aside
+        )
     except BaseException:
         session.rollback()
         session.close()
@@ -139,6 +146,7 @@ def prepare_tick(
 _PG_CERTAIN = (
     "next_due_at <= %(due)s AND paused IS false AND stopped IS false AND pending_runs = 0 "
     "AND active_runs < coalesce(CAST(policy ->> 'max_concurrency' AS integer), 1) "
+    "AND name <> ALL(CAST(%(set_aside)s AS text[])) "
     "ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
 )
 
@@ -152,6 +160,7 @@ def _prepare(
     claim_timeout: float,
     expires_after: float | None,
     rng: random.Random,
+    set_aside: Sequence[str],
 ) -> PreparedTick | None:
     result = TickResult(now=due)
     run_rows: list[dict[str, Any]] = []
@@ -159,7 +168,12 @@ def _prepare(
     # Only rows with a free slot and nothing waiting are locked (SKIP LOCKED: a row another
     # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
     # unlocked, so the settle that frees its slot is not held up.
-    held = hold_pg(session, _PG_CERTAIN, {"due": due, "limit": limit}, leave_out=TICK_LEAVES_OUT)
+    held = hold_pg(
+        session,
+        _PG_CERTAIN,
+        {"due": due, "limit": limit, "set_aside": list(set_aside)},
+        leave_out=TICK_LEAVES_OUT,
+    )
     prefetch_definitions(session, held, resolve)
     for row in held:
         spec = resolve(row)

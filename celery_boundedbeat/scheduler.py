@@ -425,7 +425,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         rollback on an interrupted connection) took the SystemExit's place.
         """
         try:
-            return ahead.run(due)
+            return ahead.run(due, sorted(self._failing_rows))
         finally:
             if self._close_deferred:
                 self._close_deferred = False

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from celery_boundedbeat.engine import dispose_all, get_engine
 from celery_boundedbeat.entries import parse_entry
@@ -216,3 +217,32 @@ def test_a_tick_found_past_its_catchup_window_is_not_prepared_and_the_tick_drops
     assert store.tick(entries, T0 + sec(70), RNG, 100).emitted == []
     row = schedule(store, "w")
     assert (row.window_drops, row.skips, row.next_due_at) == (1, 1, T0 + sec(120))
+
+
+def test_a_schedule_set_aside_for_its_data_is_left_out_of_preparations(store: Store) -> None:
+    """A row whose own tick fails (here rewound onto a grid time that has its run already, so
+    the unique run key refuses the insert) failed every preparation it fell due in, taking the
+    other schedules' prepared publish with it. Named in ``set_aside`` it is left to the tick at
+    the due time, which takes it one schedule at a time; the rest is prepared."""
+    free = {"mode": "fixed_rate", "max_concurrency": 5}
+    entries = setup(store, spec("bad", policy=free), spec("good", policy=free))
+    with store.session() as s:
+        s.execute(
+            update(ScheduleRow).where(ScheduleRow.name == "bad").values(next_due_at=T0, grid_at=T0 - sec(10))
+        )
+    with pytest.raises(IntegrityError):
+        prepare(store, entries, T0 + sec(10))
+    prepared = prepare_tick(
+        store,
+        lambda row: entries.get(row.name),
+        T0 + sec(10),
+        100,
+        claimer="beat-disp",
+        claim_timeout=60,
+        rng=RNG,
+        set_aside=["bad"],
+    )
+    assert prepared is not None
+    assert [e.schedule for e in prepared.result.emitted] == ["good"]
+    prepared.commit()
+    assert schedule(store, "bad").next_due_at == T0
