@@ -139,6 +139,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._closed = False
         #: A close() that came while a prepared tick ran in this thread, done once it ended.
         self._close_deferred = False
+        #: The thread in :meth:`tick` now, if any (a close from a signal handler there waits).
+        self._ticking: int | None = None
         #: The ``/metrics`` endpoint, when ``boundedbeat_metrics_port`` is set.
         self._metrics: MetricsExporter | None = None
         #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
@@ -297,7 +299,24 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._wake.set()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One pass: keep the lease, emit due runs, reap, then wait for the next reason to look."""
+        """One pass: keep the lease, emit due runs, reap, then wait for the next reason to look.
+
+        Celery's SIGTERM handler calls :meth:`close` in this thread, wherever the pass is: in
+        a tick's transaction, with schedule rows locked, the close would wait for the
+        dispatcher and the last drain, and they for those rows, until the server ended the
+        transaction. So the close waits for the pass to unwind (:meth:`close`), then runs.
+        """
+        self._ticking = threading.get_ident()
+        try:
+            return self._tick()
+        finally:
+            self._ticking = None
+            if self._close_deferred:
+                self._close_deferred = False
+                self._close_now()
+                raise SystemExit()
+
+    def _tick(self) -> float:
         if self._store is None or self._lease is None:
             return float(self.max_interval)
         mono = time.monotonic()
@@ -429,7 +448,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         finally:
             if self._close_deferred:
                 self._close_deferred = False
-                self.close()
+                self._close_now()
                 raise SystemExit()
 
     def _prepared_done(self, prepared: TickResult, failed: bool, due: datetime) -> None:
@@ -760,12 +779,17 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         """Stop the dispatcher and listener, give up the lease so a standby takes over at once."""
         if self._closed:
             return
-        if self._ahead is not None and self._ahead.running_here():
-            # A signal handler (Celery's SIGTERM handler) that interrupted a prepared tick in
-            # this thread: the SystemExit it raises next unwinds the tick, which rolls back its
-            # preparation or records what the broker took and gives back the rest, with no
-            # transaction left open; the close follows (:meth:`_run_ahead`).
+        if self._ticking == threading.get_ident() or (self._ahead is not None and self._ahead.running_here()):
+            # A signal handler (Celery's SIGTERM handler) that interrupted a pass of this beat
+            # in this thread: the SystemExit it raises next unwinds the pass, which rolls back
+            # its transaction (a prepared tick records what the broker took and gives back the
+            # rest), with no row left locked; the close follows (:meth:`tick`, :meth:`_run_ahead`).
             self._close_deferred = True
+            return
+        self._close_now()
+
+    def _close_now(self) -> None:
+        if self._closed:
             return
         self._closed = True
         grace = self.settings.shutdown_grace if self._settings else 1.0

@@ -389,3 +389,56 @@ def test_the_reapers_grace_after_an_outage_is_three_heartbeats_and_none_after_a_
     assert reaper_grace(1.4, 3.0) == 0.0
     assert reaper_grace(1.5, 3.0) == 9.0
     assert reaper_grace(60.0, 3.0) == 9.0
+
+
+@pytest.mark.postgres
+def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_gone(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's SIGTERM handler calls ``close()`` in the beat thread, wherever it is. Inside a
+    tick's transaction the close waited for the dispatcher and the last drain while the tick
+    held its schedule rows, and what needed them waited until the server ended the
+    transaction (a stopped beat took 10 s to give up its lease). The close now runs once the
+    tick has unwound: by then no row of it is locked."""
+    import psycopg
+
+    import celery_boundedbeat.store as store_module
+
+    app = _app(
+        postgres_url,
+        boundedbeat_auto_migrate=True,
+        boundedbeat_prepare_ahead=0,
+        beat_schedule={"x": {"task": "proj.x", "schedule": 1.0}},
+    )
+    scheduler = Scheduler(app)
+    scheduler.tick()  # lease, first look (emits x)
+    plain = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    locked_at_close: list[bool] = []
+    real_close_now, real_on_due = scheduler._close_now, store_module.on_due
+
+    def close_now() -> None:
+        with psycopg.connect(plain, autocommit=True) as other:
+            try:
+                other.execute("SELECT 1 FROM boundedbeat_schedules WHERE name = 'x' FOR UPDATE NOWAIT")
+                locked_at_close.append(False)
+            except psycopg.errors.LockNotAvailable:
+                locked_at_close.append(True)
+        real_close_now()
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        scheduler.close()  # what Celery's handler does, then it raises SystemExit
+        raise SystemExit()
+
+    monkeypatch.setattr(scheduler, "_close_now", close_now)
+    monkeypatch.setattr(store_module, "on_due", interrupted)
+    monkeypatch.setattr(scheduler, "_known_due", None)
+    monkeypatch.setattr(scheduler, "_stale", True)
+    time.sleep(1.1)  # x is due again
+    try:
+        with pytest.raises(SystemExit):
+            scheduler.tick()
+    finally:
+        monkeypatch.setattr(store_module, "on_due", real_on_due)
+        scheduler.close()
+    assert locked_at_close == [False], "the close ran while the tick's transaction held its rows"
+    assert scheduler._closed
