@@ -122,6 +122,17 @@ def runs_of(name: str, incarnation: str | None) -> ColumnElement[bool]:
     )
 
 
+def _locked_run(s: Session, run_id: str) -> Any:
+    """The columns a settle reads of run ``run_id``, locked (``None``: no such run).
+
+    Locked while read: a dispatcher marking the run published between this read and the
+    settle's guarded update would otherwise make the update match nothing and drop the outcome.
+    """
+    columns = (RunRow.schedule, RunRow.incarnation, RunRow.started_at, RunRow.state, RunRow.error)
+    query = select(*columns, RunRow.enqueued_at).where(RunRow.id == run_id).with_for_update()
+    return s.execute(query).first()
+
+
 class RunLife:
     """The worker-side transitions of runs, each in its own transaction (or the caller's)."""
 
@@ -312,20 +323,7 @@ class RunLife:
         """``settle_run`` inside the caller's transaction (see there)."""
         allowed = [st.value for st in (expect or ACTIVE_STATES)]
         schedule_row = self.lock_schedule_of(s, run_id)  # lock order (:mod:`.store`): schedule, run
-        # Locked while read: a dispatcher marking the run published between this read and the
-        # guarded update below would otherwise make the update match nothing and drop the outcome.
-        run = s.execute(
-            select(
-                RunRow.schedule,
-                RunRow.incarnation,
-                RunRow.started_at,
-                RunRow.state,
-                RunRow.error,
-                RunRow.enqueued_at,
-            )
-            .where(RunRow.id == run_id)
-            .with_for_update()
-        ).first()
+        run = _locked_run(s, run_id)
         if run is None:
             return None
         if run.state not in allowed:
