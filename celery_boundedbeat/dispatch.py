@@ -138,7 +138,7 @@ class Dispatcher:
         the ``enqueue()`` messages as old to ``boundedbeat_outbox_expired``: each one logged."""
         now = utcnow()
         timeout = self.settings.publish_timeout
-        rejected = self.store.reject_unpublished(now, timeout, self._rng)
+        rejected, expired = self.store.drop_stale(now, timeout, self._rng)
         for settled in rejected:
             logger.warning(
                 "celery_boundedbeat: run %s of %s rejected: not published within %g s",
@@ -146,7 +146,6 @@ class Dispatcher:
                 settled.schedule,
                 timeout,
             )
-        expired = self.store.expire_outbox(now, timeout)
         for message in expired:
             logger.warning(
                 "celery_boundedbeat: enqueued task %s (task id %s, enqueued %s) not published within "

@@ -785,15 +785,36 @@ class Store(RunLife):
         dispatcher holds a live claim on it and its run is still ``queued``: a row another
         dispatcher claimed or published since it was picked is left alone.
         """
+        picked = [row for row in self._stale_rows(now, publish_timeout) if row.run_id is not None]
+        return self._reject_rows(picked, now, publish_timeout, rng)
+
+    def drop_stale(
+        self, now: datetime, publish_timeout: float, rng: random.Random
+    ) -> tuple[list[Settled], list[ExpiredMessage]]:
+        """The dispatcher's look for rows unpublished past the publish limit: runs settle
+        ``rejected`` (:meth:`reject_unpublished`), ``enqueue()`` messages are kept aside
+        (:meth:`expire_outbox`). One read when there is none of either, as on every idle drain."""
+        stale = self._stale_rows(now, publish_timeout)
+        runs = [row for row in stale if row.run_id is not None]
+        rejected = self._reject_rows(runs, now, publish_timeout, rng) if runs else []
+        expired = self.expire_outbox(now, publish_timeout) if len(runs) < len(stale) else []
+        return rejected, expired
+
+    def _stale_rows(self, now: datetime, publish_timeout: float) -> list[Any]:
+        """Up to 1,000 unclaimed queue rows (``id``, ``run_id``) enqueued before the publish limit."""
         cutoff = now - timedelta(seconds=publish_timeout)
         with self.session() as s:
-            picked = list(
+            return list(
                 s.execute(
                     select(QueueRow.id, QueueRow.run_id)
-                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now), QueueRow.run_id.is_not(None))
+                    .where(QueueRow.enqueued_at < cutoff, unclaimed(now))
                     .limit(1000)
                 )
             )
+
+    def _reject_rows(
+        self, picked: Sequence[Any], now: datetime, publish_timeout: float, rng: random.Random
+    ) -> list[Settled]:
         error = f"not published within boundedbeat_publish_timeout ({publish_timeout:g} s)"
         settled: list[Settled] = []
         for row in picked:

@@ -169,7 +169,7 @@ def test_failed_beat_iterations_are_logged_once_recorded_and_survived(
     try:
         store = scheduler.store
         calls = {"tick": 0, "drain": 0, "lease": 0}
-        real_tick, real_reject, real_lease = store.tick, store.reject_unpublished, store.acquire_lease
+        real_tick, real_reject, real_lease = store.tick, store.drop_stale, store.acquire_lease
 
         def tick(*args: Any, **kwargs: Any) -> Any:
             calls["tick"] += 1
@@ -190,7 +190,7 @@ def test_failed_beat_iterations_are_logged_once_recorded_and_survived(
             return real_lease(*args, **kwargs)
 
         monkeypatch.setattr(store, "tick", tick)
-        monkeypatch.setattr(store, "reject_unpublished", reject)
+        monkeypatch.setattr(store, "drop_stale", reject)
         monkeypatch.setattr(store, "acquire_lease", lease)
         monkeypatch.setattr(scheduler.lease, "next_renewal_at", 0.0)
         seconds = itertools.count(0.0, 5.0)  # each look 5 s later: an outage, not a blip
