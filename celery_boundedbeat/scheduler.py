@@ -525,6 +525,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._failed("definition sweep", exc, now)
             return
         resolver.keep_only(live)
+        self._failing_rows.intersection_update(live)  # a set-aside schedule removed meanwhile
         self._swept_size, self._swept_live = len(resolver), len(live)
 
     def _terminate_replaced(self, run_ids: list[str]) -> None:
