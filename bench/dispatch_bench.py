@@ -22,14 +22,14 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from sqlalchemy import func, insert, select
 
-from celery_boundedbeat.dispatch import Dispatcher
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.schema import QueueRow, RunRow
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow
+from celery_boundedbeat.dispatch.dispatcher import Dispatcher
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 BROKER = "amqp://guest:guest@127.0.0.1:5672//"

@@ -31,7 +31,7 @@ from celery import Celery, signals
 from celery.beat import PersistentScheduler
 
 import celery_boundedbeat
-from celery_boundedbeat.scheduler import Scheduler
+from celery_boundedbeat.beat.scheduler import Scheduler
 
 _marks = open(os.environ["BENCH_MARKS"], "a", buffering=1)  # noqa: SIM115 (the process's lifetime)
 

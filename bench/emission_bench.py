@@ -63,9 +63,9 @@ from scale_bench import (
 )
 from sqlalchemy import text
 
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.messages import SCHEDULE_HEADER, SCHEDULED_FOR_HEADER
-from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.core.messages import SCHEDULE_HEADER, SCHEDULED_FOR_HEADER
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.migrate import upgrade
 
 #: kombu is untyped: its classes are used through ``Any``.
 Connection: Any = _kombu_connection.Connection
@@ -543,8 +543,8 @@ def wire_sender(url: str, queue: str, n: int, period: float, commands: Any, resu
     """
     from types import SimpleNamespace
 
-    from celery_boundedbeat.frames import Framer
-    from celery_boundedbeat.publish import _Recorder
+    from celery_boundedbeat.dispatch.frames import Framer
+    from celery_boundedbeat.dispatch.publish import _Recorder
 
     app = Celery("emission_wire", broker=url, set_as_current=False)
     app.conf.task_default_queue = queue

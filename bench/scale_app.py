@@ -25,7 +25,7 @@ from celery import Celery  # noqa: E402
 from celery.beat import PersistentScheduler  # noqa: E402
 
 import celery_boundedbeat  # noqa: E402
-from celery_boundedbeat.scheduler import Scheduler  # noqa: E402
+from celery_boundedbeat.beat.scheduler import Scheduler  # noqa: E402
 
 _marks = open(os.environ["BENCH_MARKS"], "a", buffering=1)  # noqa: SIM115 (the process's lifetime)
 

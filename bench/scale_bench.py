@@ -49,14 +49,14 @@ from celery import Celery
 from sqlalchemy import Engine, insert, select, text
 
 from celery_boundedbeat import add_schedule, remove_schedule, update_schedule
-from celery_boundedbeat.catalog import fresh_values
-from celery_boundedbeat.definitions import Resolver, define
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import config_hash
-from celery_boundedbeat.rows import RUNTIME
-from celery_boundedbeat.schema import ScheduleRow, new_incarnation
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.core.spec import config_hash
+from celery_boundedbeat.db.definition_writes import fresh_values
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.row_state import RUNTIME
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import ScheduleRow, new_incarnation
 
 HERE = Path(__file__).resolve().parent
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

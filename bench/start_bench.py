@@ -26,12 +26,12 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from sqlalchemy import create_engine, insert
 
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.schema import QueueRow, RunRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.worklog import StartReport, write_reports
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow
+from celery_boundedbeat.worker.worklog import StartReport, write_reports
 
 ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"

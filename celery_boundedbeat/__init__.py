@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import signals
-from .enums import MissedTicks, Mode, RunState, StopReason
-from .exceptions import (
+from .api.outbox import enqueue
+from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot
+from .api.schedules import BackfillResult, add_schedule, backfill, remove_schedule, update_schedule
+from .core.enums import MissedTicks, Mode, RunState, StopReason
+from .core.exceptions import (
     BackfillRefusedError,
     BoundedBeatError,
     ConfigurationError,
@@ -15,10 +18,7 @@ from .exceptions import (
     ScheduleEndedError,
     UnknownScheduleError,
 )
-from .outbox import enqueue
-from .receivers import CurrentRun, current_run, install, stop_schedule
-from .reports import RunRecord, ScheduleSnapshot, history, snapshot
-from .schedules import BackfillResult, add_schedule, backfill, remove_schedule, update_schedule
+from .worker.receivers import CurrentRun, current_run, install, stop_schedule
 
 __all__ = [
     "BackfillRefusedError",
@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
     # Imported lazily: `celery beat -S celery_boundedbeat.Scheduler` resolves it by name,
     # and workers that only call install() never need the beat machinery.
     if name == "Scheduler":
-        from .scheduler import Scheduler
+        from .beat.scheduler import Scheduler
 
         return Scheduler
     raise AttributeError(name)

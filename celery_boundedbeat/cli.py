@@ -11,18 +11,18 @@ from typing import Any
 import click
 from celery import Celery
 
-from .engine import get_engine
-from .enums import RunState
-from .exceptions import BoundedBeatError, ScheduleEndedError
-from .health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
-from .lease import LEASE_NAME
-from .metrics import exposition, read_snapshot
-from .migrate import current_revision, head_revision, require_current, upgrade
-from .redact import driver_reason, mask_url, scrub
-from .reports import RunRecord, ScheduleSnapshot, history, snapshot, store_for
-from .settings import Settings
-from .store import utcnow
-from .ticks import TriggerRefused
+from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot, store_for
+from .config.settings import Settings
+from .core.enums import RunState
+from .core.exceptions import BoundedBeatError, ScheduleEndedError
+from .core.redact import driver_reason, mask_url, scrub
+from .core.ticks import TriggerRefused
+from .db.engine import get_engine
+from .db.lease import LEASE_NAME
+from .db.migrate import current_revision, head_revision, require_current, upgrade
+from .db.store import utcnow
+from .ops.health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
+from .ops.metrics import exposition, read_snapshot
 
 
 def _app(ctx: click.Context) -> Celery:
@@ -291,10 +291,10 @@ def purge(ctx: click.Context, days: float) -> None:
 @click.pass_context
 def dispatch(ctx: click.Context) -> None:
     """Run a standalone dispatch worker for the DB-backed queue (scale-out)."""
-    from .dispatch import Dispatcher
-    from .notify import Listener
-    from .runtime import BackgroundLoop
-    from .store import QUEUE_CHANNEL, Store
+    from .core.loops import BackgroundLoop
+    from .db.notify import Listener
+    from .db.store import QUEUE_CHANNEL, Store
+    from .dispatch.dispatcher import Dispatcher
 
     app = _app(ctx)
     _ready(app)
@@ -468,7 +468,7 @@ def add(
     policy_json: str | None,
 ) -> None:
     """Add a runtime schedule NAME running TASK; prints scheduled or already_present."""
-    from .schedules import add_schedule
+    from .api.schedules import add_schedule
 
     app = _app(ctx)
     timing = _timing_option(every, cron, required=True)
@@ -503,7 +503,7 @@ def update(
     policy_json: str | None,
 ) -> None:
     """Change the given fields of runtime schedule NAME (policy keys merge over its policy)."""
-    from .schedules import update_schedule
+    from .api.schedules import update_schedule
 
     app = _app(ctx)
     given: dict[str, Any] = {}
@@ -532,7 +532,7 @@ def update(
 @click.pass_context
 def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
     """Remove runtime schedule NAME (its run history stays)."""
-    from .schedules import remove_schedule
+    from .api.schedules import remove_schedule
 
     app = _app(ctx)
     removed = _changing(
@@ -550,7 +550,7 @@ def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
 @click.pass_context
 def backfill_cmd(ctx: click.Context, name: str, start: str, end: str) -> None:
     """Queue NAME's grid times in [START, END] that have no run yet, under its concurrency bound."""
-    from .schedules import backfill
+    from .api.schedules import backfill
 
     app = _app(ctx)
     result = _changing("backfill", app, lambda: backfill(app, name, start, end))
@@ -567,7 +567,7 @@ def _next_due_times(spec: Any, now: datetime, count: int) -> list[datetime]:
     """The first ``count`` due times of a schedule first seen at ``now`` (grid times, no jitter)."""
     import random
 
-    from .ticks import initial_state
+    from .core.ticks import initial_state
 
     first = initial_state(spec.policy, spec.timing, now, random.Random(0))
     if first.grid_at is None:  # fixed delay: later ones depend on when each run finishes
@@ -589,8 +589,8 @@ def check(ctx: click.Context, count: int) -> None:
 
     Touches no database: meant for a project's own CI, before a deploy.
     """
-    from .definitions import config_definitions
-    from .exceptions import ConfigurationError
+    from .config.definitions import config_definitions
+    from .core.exceptions import ConfigurationError
 
     app = _app(ctx)
     try:

@@ -27,8 +27,8 @@ from collections.abc import Iterable
 
 from celery.utils.dispatch import Signal
 
-from .alerts import Alert
-from .enums import AlertKind
+from .core.alerts import Alert
+from .core.enums import AlertKind
 
 __all__ = ["run_lost", "run_timed_out", "schedule_failing", "schedule_recovered", "send", "ticks_dropped"]
 

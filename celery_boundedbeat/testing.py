@@ -3,8 +3,8 @@
 ``simulate(entry, hours=24, task_seconds=...)`` answers "what will my policy do with a task
 this slow?" without a broker, a database or a clock: the entry is validated exactly as beat
 validates it (the same :class:`~celery_boundedbeat.ConfigurationError` texts), then the
-package's own tick functions (:func:`~celery_boundedbeat.ticks.first_state`,
-:func:`~celery_boundedbeat.ticks.on_due`, :func:`~celery_boundedbeat.ticks.on_settle`, the
+package's own tick functions (:func:`~celery_boundedbeat.core.ticks.first_state`,
+:func:`~celery_boundedbeat.core.ticks.on_due`, :func:`~celery_boundedbeat.core.ticks.on_settle`, the
 very calls the beat's store makes) are driven on a fake clock. Nothing about the policy is
 re-implemented here: this module only keeps the clock, starts each emitted run at once (an
 idle worker) and finishes it ``task_seconds`` later, and writes down what happened to every
@@ -31,11 +31,11 @@ from typing import Any
 import celery
 import pytest
 
-from .entries import validate_entries
-from .enums import Mode, RunState
-from .policy import EntrySpec
-from .settings import Settings
-from .ticks import ScheduleState, TickOutcome, first_state, on_due, on_settle
+from .config.entries import validate_entries
+from .config.settings import Settings
+from .core.enums import Mode, RunState
+from .core.spec import EntrySpec
+from .core.ticks import ScheduleState, TickOutcome, first_state, on_due, on_settle
 
 __all__ = ["DEFAULT_START", "EventKind", "Timeline", "TimelineEvent", "boundedbeat_simulate", "simulate"]
 

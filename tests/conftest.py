@@ -9,8 +9,8 @@ import pytest
 from pgtools import throwaway_database
 from sqlalchemy import Engine
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.migrate import upgrade
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from pgtools import throwaway_database
 from sqlalchemy import Engine, create_engine
 
-from celery_boundedbeat.migrate import upgrade
+from celery_boundedbeat.db.migrate import upgrade
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from kombu import Connection, Exchange, Queue
 from sqlalchemy import Engine, select
 
 import celery_boundedbeat
-from celery_boundedbeat.dispatch import Dispatcher
-from celery_boundedbeat.schema import QueueRow
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow
+from celery_boundedbeat.dispatch.dispatcher import Dispatcher
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 import celery_boundedbeat
-from celery_boundedbeat.schema import QueueRow
+from celery_boundedbeat.db.tables import QueueRow
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -263,11 +263,12 @@ def test_unpublishable_runs_settle_rejected_after_the_publish_timeout(
 
     from celery import Celery
 
-    from celery_boundedbeat.dispatch import Dispatcher
-    from celery_boundedbeat.policy import EntrySpec, Policy
-    from celery_boundedbeat.settings import Settings
-    from celery_boundedbeat.store import Store
-    from celery_boundedbeat.timing import IntervalTiming
+    from celery_boundedbeat.config.settings import Settings
+    from celery_boundedbeat.core.policy import Policy
+    from celery_boundedbeat.core.spec import EntrySpec
+    from celery_boundedbeat.core.timing import IntervalTiming
+    from celery_boundedbeat.db.store import Store
+    from celery_boundedbeat.dispatch.dispatcher import Dispatcher
 
     store = Store(pg_engine)
     spec = EntrySpec(

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import Engine, insert, text
 from test_dispatch import VENV_BIN, _queue_depth, _start_dispatcher, _stop, _wait, _write_app
 
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.schema import QueueRow, RunRow
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.tables import QueueRow, RunRow
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

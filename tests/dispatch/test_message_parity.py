@@ -1,4 +1,4 @@
-"""The dispatcher's publish path (:mod:`celery_boundedbeat.publish`) sends exactly what
+"""The dispatcher's publish path (:mod:`celery_boundedbeat.dispatch.publish`) sends exactly what
 ``app.send_task`` would send.
 
 ``Publisher`` builds messages through Celery's amqp layer directly (and caches routing per
@@ -20,10 +20,10 @@ from amqp.exceptions import NotFound
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from celery_boundedbeat.claims import Claimed
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.publish import Publisher
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.claims import Claimed
+from celery_boundedbeat.dispatch.publish import Publisher
 
 pytestmark = [
     pytest.mark.rabbitmq,

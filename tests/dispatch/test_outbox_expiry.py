@@ -11,11 +11,11 @@ from celery import Celery
 from sqlalchemy import Engine, func, select, update
 
 from celery_boundedbeat import enqueue
-from celery_boundedbeat.dispatch import Dispatcher
-from celery_boundedbeat.metrics import exposition, read_snapshot
-from celery_boundedbeat.schema import OutboxExpiredRow, QueueRow
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store, utcnow
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.db.store import Store, utcnow
+from celery_boundedbeat.db.tables import OutboxExpiredRow, QueueRow
+from celery_boundedbeat.dispatch.dispatcher import Dispatcher
+from celery_boundedbeat.ops.metrics import exposition, read_snapshot
 
 
 def _free_port() -> int:

@@ -13,10 +13,10 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_boundedbeat.claims import Claimed
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.publish import PUBLISH_CHUNK, Publisher
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.claims import Claimed
+from celery_boundedbeat.dispatch.publish import PUBLISH_CHUNK, Publisher
 
 REDIS = "redis://127.0.0.1:6379/0"
 

@@ -10,8 +10,8 @@ from typing import Any
 from celery import Celery
 from django import forms
 
-from celery_boundedbeat.schema import RunRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import RunRow
 
 SCHEDULES = "/admin/celery_boundedbeat/schedule/"
 RUNS = "/admin/celery_boundedbeat/run/"

@@ -19,12 +19,12 @@ import pytest
 from pgtools import throwaway_database
 from sqlalchemy import create_engine, delete
 
-from celery_boundedbeat.definitions import config_definitions
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.definitions import config_definitions
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -109,7 +109,7 @@ def backend(request: pytest.FixtureRequest, bb_sqlite: str) -> Iterator[str]:
     """
     from django.test import override_settings
 
-    from celery_boundedbeat.settings import django_default_database_url
+    from celery_boundedbeat.config.settings import django_default_database_url
 
     if getattr(request, "param", "postgresql") == "postgresql":
         url = django_default_database_url()

@@ -12,7 +12,7 @@ import pytest
 from bbtest_admin import RUNS, SCHEDULES, add_run, changelist_names, page
 from bbtest_settings import PASSWORD
 
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.store import Store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("clean_tables")]
 
@@ -160,7 +160,7 @@ def test_resume_lifts_stop_schedule(store: Store, client_as: Any) -> None:
     """Resuming a schedule stopped by stop_schedule() makes it emit again, as the CLI does."""
     from sqlalchemy import update
 
-    from celery_boundedbeat.schema import ScheduleRow
+    from celery_boundedbeat.db.tables import ScheduleRow
 
     with store.session() as s:
         s.execute(update(ScheduleRow).where(ScheduleRow.name == "poll-partner").values(stopped=True))

@@ -15,10 +15,10 @@ import pytest
 from bbtest_admin import SCHEDULES, add_run, celery_app, changelist_names, field_errors, form_data, page
 from sqlalchemy import update
 
-from celery_boundedbeat.policy import POLICY_KEYS
-from celery_boundedbeat.schedules import add_schedule
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.api.schedules import add_schedule
+from celery_boundedbeat.core.policy import POLICY_KEYS
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import ScheduleRow
 
 pytestmark = [
     pytest.mark.postgres,

@@ -20,7 +20,7 @@ import pytest
 from bbtest_admin import RUNS, SCHEDULES, add_history, add_run
 
 from celery_boundedbeat.contrib.django.charts import STATE_COLOURS
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.store import Store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 

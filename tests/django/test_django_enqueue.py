@@ -6,9 +6,9 @@ import pytest
 from sqlalchemy import select
 
 import celery_boundedbeat
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.schema import QueueRow
-from celery_boundedbeat.settings import django_default_database_url
+from celery_boundedbeat.config.settings import django_default_database_url
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.tables import QueueRow
 
 
 def _queued_task_ids() -> list[str]:

@@ -21,7 +21,7 @@ from celery_boundedbeat.contrib.django.charts import (
     timeline_svg,
 )
 from celery_boundedbeat.contrib.django.readable import describe_timing, format_ms
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.store import Store
 
 pytestmark = [pytest.mark.postgres]
 T0 = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
@@ -139,7 +139,7 @@ def test_paused_and_stopped_schedules_show_no_next_due_time(store: Store, client
     """A paused or stopped schedule says so where its next due time would be; 'not paused' is no red ✗."""
     from sqlalchemy import update
 
-    from celery_boundedbeat.schema import ScheduleRow
+    from celery_boundedbeat.db.tables import ScheduleRow
 
     store.set_paused("export-report", True, datetime.now(UTC))
     with store.session() as s:

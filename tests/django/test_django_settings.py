@@ -16,12 +16,12 @@ from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.entries import build_specs
-from celery_boundedbeat.enums import Mode
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.redact import mask_url
-from celery_boundedbeat.settings import DEFAULT_DATABASE_URL, Settings, database_url_from_django
+from celery_boundedbeat.config.entries import build_specs
+from celery_boundedbeat.config.settings import DEFAULT_DATABASE_URL, Settings, database_url_from_django
+from celery_boundedbeat.core.enums import Mode
+from celery_boundedbeat.core.exceptions import ConfigurationError
+from celery_boundedbeat.core.redact import mask_url
+from celery_boundedbeat.db.engine import get_engine
 
 pytestmark = pytest.mark.postgres
 
@@ -176,7 +176,7 @@ def test_settings_work_where_django_cannot_be_imported() -> None:
         "        if name.split('.')[0] == 'django':\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import celery, celery_boundedbeat.settings as s\n"
+        "import celery, celery_boundedbeat.config.settings as s\n"
         "conf = celery.Celery('plain', set_as_current=False).conf\n"
         "assert s.Settings.from_conf(conf).database_url == s.DEFAULT_DATABASE_URL\n"
         "assert 'django.conf' not in sys.modules\n"
@@ -186,7 +186,7 @@ def test_settings_work_where_django_cannot_be_imported() -> None:
 
 def test_settings_module_never_imports_django_or_sqlalchemy() -> None:
     """settings.py stays in the pure layer: not even a function-level Django or SQLAlchemy import."""
-    import celery_boundedbeat.settings as module
+    import celery_boundedbeat.config.settings as module
 
     tree = ast.parse(Path(module.__file__ or "").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}

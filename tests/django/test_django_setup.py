@@ -11,7 +11,7 @@ import pytest
 from bbtest_admin import RUNS
 from sqlalchemy import create_engine, text
 
-from celery_boundedbeat.migrate import head_revision, upgrade
+from celery_boundedbeat.db.migrate import head_revision, upgrade
 
 pytestmark = [pytest.mark.postgres]
 

@@ -22,18 +22,18 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine, select
 
-from celery_boundedbeat import reportproc
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.faults import is_outage
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.reportproc import ReportProcess, ReportsRefused, ReportWriterLost
-from celery_boundedbeat.runlife import LATE_OUTCOME
-from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow, WorkerRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.tracking import Tracker
-from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport, write_reports
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.faults import is_outage
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.runs import LATE_OUTCOME
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import AlertRow, RunRow, ScheduleRow, WorkerRow
+from celery_boundedbeat.worker import report_writer as reportproc
+from celery_boundedbeat.worker.report_writer import ReportProcess, ReportsRefused, ReportWriterLost
+from celery_boundedbeat.worker.tracking import Tracker
+from celery_boundedbeat.worker.worklog import Beat, OutcomeReport, StartReport, write_reports
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SCHEDULES = 3

@@ -18,7 +18,7 @@ import tcpproxy
 from integration.apps import Raw
 from integration.harness import Harness
 
-from celery_boundedbeat.engine import IDLE_IN_TRANSACTION_SECONDS
+from celery_boundedbeat.db.engine import IDLE_IN_TRANSACTION_SECONDS
 
 from .conftest import Measure
 from .support import check_books, check_grid, doubled, lease

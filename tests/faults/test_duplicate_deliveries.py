@@ -13,8 +13,8 @@ from integration.harness import Harness
 from integration.processes import Proc
 from integration.reads import ACTIVE_STATES, Run
 
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.policy import Policy
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
 
 from .support import check_books, executions, run, started_run, task_entry, write_app
 
@@ -119,7 +119,7 @@ def _report_process_of(worker: Proc) -> int:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"celery_boundedbeat.reportproc" not in cmdline:
+        if b"celery_boundedbeat.worker.report_writer" not in cmdline:
             continue
         pid = int(entry)
         while pid > 1:  # its ancestry leads to this worker

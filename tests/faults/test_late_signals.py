@@ -18,15 +18,15 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.runlife import LATE_OUTCOME
-from celery_boundedbeat.scheduler import Scheduler
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.tracking import Tracker
+from celery_boundedbeat.beat.scheduler import Scheduler
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.runs import LATE_OUTCOME
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.worker.tracking import Tracker
 
 from .support import free_port
 
@@ -214,7 +214,7 @@ def test_failed_beat_iterations_are_logged_once_recorded_and_survived(
         rows = store.runs(name="x")
         assert rows, "the beat emitted once the tick worked again"
         with store.session() as s:
-            from celery_boundedbeat.schema import IterationRow
+            from celery_boundedbeat.db.tables import IterationRow
 
             recorded = [(r.loop, r.error) for r in s.query(IterationRow).order_by(IterationRow.id)]
         assert recorded.count(("tick", "RuntimeError: tick bug")) == 3

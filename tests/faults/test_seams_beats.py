@@ -32,7 +32,7 @@ START_GATE = """
 
 _READY, _GO = os.environ.get("BB_READY_DIR"), os.environ.get("BB_GO_FILE")
 if _READY and _GO:
-    import celery_boundedbeat.store as _store
+    import celery_boundedbeat.db.store as _store
 
     _acquire = _store.Store.acquire_lease
 

@@ -19,7 +19,7 @@ from celery import Celery
 from sqlalchemy.engine import make_url
 
 from celery_boundedbeat import add_schedule
-from celery_boundedbeat.notify import APPLICATION_NAME, PROBE_EVERY, PROBE_TIMEOUT
+from celery_boundedbeat.db.notify import APPLICATION_NAME, PROBE_EVERY, PROBE_TIMEOUT
 
 from .harness import Harness
 from .processes import Proc

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from celery_boundedbeat.engine import get_engine
+from celery_boundedbeat.db.engine import get_engine
 
 FILES = 60
 PROCESSES = 2

@@ -132,7 +132,7 @@ def _children(parent: int, marker: bytes = b"") -> list[int]:
 
 def _writer_children(worker_pid: int) -> list[int]:
     """Pids of the report writer processes whose parent is ``worker_pid``."""
-    return _children(worker_pid, b"celery_boundedbeat.reportproc")
+    return _children(worker_pid, b"celery_boundedbeat.worker.report_writer")
 
 
 def test_the_report_writer_process_records_every_run_and_ends_with_the_worker(bb: Harness) -> None:

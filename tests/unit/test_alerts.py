@@ -12,14 +12,15 @@ import pytest
 from sqlalchemy import Engine
 
 from celery_boundedbeat import signals
-from celery_boundedbeat.alertlog import record, take
-from celery_boundedbeat.alerts import Alert, on_settled, on_ticked
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import AlertKind, RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import ScheduleState, initial_state, on_due, on_resume, on_settle
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.alerts import Alert, on_settled, on_ticked
+from celery_boundedbeat.core.enums import AlertKind, RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import ScheduleState, initial_state, on_due, on_resume, on_settle
+from celery_boundedbeat.db.alertlog import record, take
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)

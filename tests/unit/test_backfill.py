@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_boundedbeat.backfill import (
+from celery_boundedbeat.core.backfill import (
     BACKFILL_CAP,
     Backfilled,
     BackfillRefused,
@@ -19,9 +19,9 @@ from celery_boundedbeat.backfill import (
     on_backfill,
     without_taken,
 )
-from celery_boundedbeat.enums import RunState, StopReason
-from celery_boundedbeat.policy import Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.core.enums import RunState, StopReason
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.ticks import (
     BACKFILL_PER_TICK,
     Emission,
     ScheduleState,
@@ -29,7 +29,7 @@ from celery_boundedbeat.ticks import (
     on_due,
     on_settle,
 )
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(0)
@@ -331,7 +331,7 @@ def test_an_ended_schedule_whose_last_backfilled_time_was_taken_shows_stopped() 
 
 def test_a_change_to_fixed_delay_drops_the_waiting_backfill() -> None:
     """fixed_delay has no grid: grid times still waiting are dropped when the mode changes to it."""
-    from celery_boundedbeat.policy import EntrySpec
+    from celery_boundedbeat.core.spec import EntrySpec
 
     state = ScheduleState(grid_at=T0 + sec(200), next_due_at=T0 + sec(200), backfill=(T0 + sec(10),))
     spec = EntrySpec(

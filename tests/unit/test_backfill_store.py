@@ -25,13 +25,13 @@ from celery_boundedbeat import (
     add_schedule,
     backfill,
 )
-from celery_boundedbeat.backfill import BACKFILL_CAP
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.definitions import Resolver
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import QueueRow, RunRow
-from celery_boundedbeat.store import Store, utcnow
+from celery_boundedbeat.config.definitions import Resolver
+from celery_boundedbeat.core.backfill import BACKFILL_CAP
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store, utcnow
+from celery_boundedbeat.db.tables import QueueRow, RunRow
 
 RNG = random.Random(5)
 

@@ -9,11 +9,11 @@ import pytest
 from celery import Celery
 
 from celery_boundedbeat import add_schedule, remove_schedule
-from celery_boundedbeat import scheduler as scheduler_module
-from celery_boundedbeat.definitions import sweep_slack
-from celery_boundedbeat.runlife import SETTLED_CHANNEL
-from celery_boundedbeat.scheduler import Scheduler
-from celery_boundedbeat.store import SCHEDULES_CHANNEL
+from celery_boundedbeat.beat import scheduler as scheduler_module
+from celery_boundedbeat.beat.scheduler import Scheduler
+from celery_boundedbeat.config.definitions import sweep_slack
+from celery_boundedbeat.db.runs import SETTLED_CHANNEL
+from celery_boundedbeat.db.store import SCHEDULES_CHANNEL
 
 pytestmark = pytest.mark.timeout(180)
 

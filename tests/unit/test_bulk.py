@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
-from celery_boundedbeat.bulk import CHUNK, insert_document, insert_many
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.held import driver_cursor
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import QueueRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.bulk import CHUNK, insert_document, insert_many
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.locked import driver_cursor
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow
 
 QUEUE = cast(Table, QueueRow.__table__)
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

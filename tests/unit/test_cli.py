@@ -12,12 +12,13 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.policy import EntrySpec, Policy
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS
-from celery_boundedbeat.timing import IntervalTiming
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import MAX_QUEUED_TRIGGERS
+from celery_boundedbeat.core.timing import IntervalTiming
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.store import Store
 
 STATUS_FIELDS = {
     "name", "task", "mode", "paused", "stopped", "running", "active_runs", "pending_runs", "runs",

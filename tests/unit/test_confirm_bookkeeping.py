@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_boundedbeat.claims import Claimed
-from celery_boundedbeat.publish import _ConfirmingPublisher, _wants_confirms
+from celery_boundedbeat.db.claims import Claimed
+from celery_boundedbeat.dispatch.publish import _ConfirmingPublisher, _wants_confirms
 
 
 def rows(n: int) -> list[Claimed]:

@@ -12,15 +12,16 @@ from celery import Celery
 from celery.app.task import Context
 
 import celery_boundedbeat
-from celery_boundedbeat import CurrentRun, current_run, receivers
-from celery_boundedbeat.messages import (
+from celery_boundedbeat import CurrentRun, current_run
+from celery_boundedbeat.core.messages import (
     RUN_HEADER,
     SCHEDULE_HEADER,
     SCHEDULED_FOR_HEADER,
     message_options,
     parse_scheduled_for,
 )
-from celery_boundedbeat.policy import Policy
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.worker import receivers
 
 RUN_ID = "6f1c2a3e-0000-4000-8000-000000000001"
 GRID = datetime(2026, 12, 1, 6, 0, 5, 250000, tzinfo=UTC)

@@ -20,13 +20,13 @@ import celery
 import pytest
 from celery.schedules import crontab, schedule, solar
 
-from celery_boundedbeat.definitions import Resolver, define, from_row, schedule_value, timing_json
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.policy import Definition
-from celery_boundedbeat.rows import RUNTIME, apply_state, new_row, write_definition
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.ticks import first_state
-from celery_boundedbeat.timing import Timing
+from celery_boundedbeat.config.definitions import Resolver, define, from_row, schedule_value, timing_json
+from celery_boundedbeat.core.exceptions import ConfigurationError
+from celery_boundedbeat.core.spec import Definition
+from celery_boundedbeat.core.ticks import first_state
+from celery_boundedbeat.core.timing import Timing
+from celery_boundedbeat.db.row_state import RUNTIME, apply_state, new_row, write_definition
+from celery_boundedbeat.db.tables import ScheduleRow
 
 NOW = datetime(2030, 3, 30, 22, 17, 41, 123456, tzinfo=UTC)  # the night before the EU switch to summer time
 

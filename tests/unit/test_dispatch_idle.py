@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from celery_boundedbeat.dispatch import Dispatcher
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.settings import Settings
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.dispatch.dispatcher import Dispatcher
 
 
 def test_on_sqlite_the_idle_dispatcher_looks_at_least_every_poll_interval(sqlite_url: str) -> None:

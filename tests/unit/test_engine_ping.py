@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
-from celery_boundedbeat import engine as engines
+from celery_boundedbeat.db import engine as engines
 
 pytestmark = pytest.mark.postgres
 

@@ -10,10 +10,10 @@ import celery
 import pytest
 from celery.schedules import crontab, schedule, solar
 
-from celery_boundedbeat.entries import build_specs, parse_entry
-from celery_boundedbeat.enums import MissedTicks, Mode
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
+from celery_boundedbeat.config.entries import build_specs, parse_entry
+from celery_boundedbeat.core.enums import MissedTicks, Mode
+from celery_boundedbeat.core.exceptions import ConfigurationError
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
 
 def make_app(beat_schedule: dict[str, Any] | None = None) -> celery.Celery:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from billiard.exceptions import TimeLimitExceeded
 
-from celery_boundedbeat.messages import MAX_ERROR_CHARS, TRACEBACK_CUT, error_with_traceback
+from celery_boundedbeat.core.messages import MAX_ERROR_CHARS, TRACEBACK_CUT, error_with_traceback
 
 
 def _raise_deep(depth: int) -> None:

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from celery_boundedbeat.faults import is_outage
+from celery_boundedbeat.db.faults import is_outage
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from kombu import Connection
 from kombu.transport import filesystem
 
-from celery_boundedbeat.fsbroker import use_whole_files
+from celery_boundedbeat.dispatch.fsbroker import use_whole_files
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_boundedbeat.metrics import (
+from celery_boundedbeat.ops.metrics import (
     DRIFT_BUCKETS,
     DURATION_BUCKETS,
     MetricsSnapshot,

@@ -11,8 +11,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, insert
 
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.health import (
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.lease import LEASE_NAME
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.tables import LeaseRow, QueueRow
+from celery_boundedbeat.ops.health import (
     BeatState,
     Bounds,
     Problem,
@@ -21,9 +24,6 @@ from celery_boundedbeat.health import (
     judge,
     read_beat_state,
 )
-from celery_boundedbeat.lease import LEASE_NAME
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import LeaseRow, QueueRow
 
 NOW = datetime(2026, 12, 1, 6, 0, 0, tzinfo=UTC)
 BOUNDS = Bounds(max_tick_age=20.0, max_queue_age=300.0)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.held import (
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.locked import (
     DEFINITION,
     SCHEDULES,
     fill_definitions,
@@ -26,9 +26,9 @@ from celery_boundedbeat.held import (
     light_select,
     write_changed,
 )
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import ScheduleRow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 #: One value of every kind of column a held row writes back.
@@ -144,8 +144,8 @@ def test_a_tick_reads_no_left_out_column_row_by_row(store: Store, monkeypatch: p
     from the one prefetch query, and a cached one never reads it (no query per row)."""
     from celery import Celery
 
-    from celery_boundedbeat.definitions import Resolver, define
-    from celery_boundedbeat.held import Held
+    from celery_boundedbeat.config.definitions import Resolver, define
+    from celery_boundedbeat.db.locked import Held
 
     app = Celery("held", broker="memory://", set_as_current=False)
     entry = {"task": "proj.t", "schedule": 10, "policy": {"mode": "fixed_rate", "max_concurrency": 3}}

@@ -22,13 +22,14 @@ from celery import Celery
 from sqlalchemy import Engine, MetaData, Table, insert, select, text
 
 from celery_boundedbeat import add_schedule, history, remove_schedule, snapshot
-from celery_boundedbeat.definitions import Resolver, define
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Definition, Policy
-from celery_boundedbeat.schema import AlertRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.worklog import OutcomeReport, write_reports
+from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.core.spec import Definition
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import AlertRow, RunRow, ScheduleRow
+from celery_boundedbeat.worker.worklog import OutcomeReport, write_reports
 
 RNG = random.Random(5)
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

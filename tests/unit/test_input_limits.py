@@ -16,8 +16,9 @@ from sqlalchemy import Engine, func, select
 
 from celery_boundedbeat import ConfigurationError, add_schedule, enqueue, update_schedule
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import MAX_SCHEDULE_NAME, MAX_TASK_ID, MAX_TASK_NAME, QueueRow, ScheduleRow
+from celery_boundedbeat.core.limits import MAX_SCHEDULE_NAME, MAX_TASK_ID, MAX_TASK_NAME
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.tables import QueueRow, ScheduleRow
 
 LONG_NAME = "n" * (MAX_SCHEDULE_NAME + 1)
 

@@ -1,7 +1,9 @@
-"""Every module's layer, checked against its imports; the architecture picture cannot go stale.
+"""Every module's place is its folder, checked against its imports; the map cannot go stale.
 
-The table of layers lives in docs/architecture.py (one owner: the same table draws the picture
-in docs/architecture.md). Every module of the package must be in it.
+The stack of folders lives in docs/architecture.py (the same file draws the map in
+docs/architecture.md): floors every process stands on (core, config, db), then the rooms of
+the processes. A module imports its own folder and the layers below, never above, and never
+a room beside its own.
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ def _load_architecture() -> ModuleType:
 
 arch = _load_architecture()
 GRAPH: dict[str, set[str]] = arch.graph()
-LAYER: dict[str, int] = arch.layer_of()
-NAMES = [name for name, _, _ in arch.LAYERS]
+FOLDERS = {folder for line in arch.STACK for folder in line}
 
 
 def test_the_walker_sees_relative_absolute_and_nested_imports() -> None:
@@ -40,39 +41,49 @@ def test_the_walker_sees_relative_absolute_and_nested_imports() -> None:
     source = (
         "import os\n"
         "from .enums import Mode\n"
-        "from . import schema\n"
+        "from .. import signals\n"
         "def f():\n"
         "    import sqlalchemy.orm\n"
-        "    from ..x import y\n"
+        "    from ..db.store import Store\n"
     )
-    found = arch.imports_of(source, "celery_boundedbeat.contrib.mod")
-    assert {"os", "celery_boundedbeat.contrib.enums", "sqlalchemy.orm", "celery_boundedbeat.x"} <= found
-    assert "celery_boundedbeat.contrib.schema" in found
-    assert "runtime" in arch.internal(GRAPH["ticks"])
-    assert "sqlalchemy" in {n.split(".")[0] for n in GRAPH["store"]}
+    found = arch.imports_of(source, "celery_boundedbeat.core.mod")
+    assert {"os", "celery_boundedbeat.core.enums", "sqlalchemy.orm", "celery_boundedbeat.db.store"} <= found
+    assert "celery_boundedbeat.signals" in found
+    assert "core.loops" in arch.internal(GRAPH["core.ticks"]) or "core.policy" in arch.internal(
+        GRAPH["core.ticks"]
+    )
+    assert "sqlalchemy" in arch.frameworks(GRAPH["db.store"])
 
 
-def test_every_module_has_a_layer() -> None:
-    """A new or moved module must be placed in a layer (it cannot escape the checks)."""
-    assert set(GRAPH) == set(LAYER), {"unplaced": set(GRAPH) - set(LAYER), "gone": set(LAYER) - set(GRAPH)}
+def test_every_module_lives_in_a_folder_of_the_stack() -> None:
+    """A new folder must be placed in the stack (it cannot escape the checks)."""
+    unplaced = {m for m in GRAPH if arch.folder_of(m) not in FOLDERS}
+    assert unplaced == set()
+    on_disk = {p.name for p in arch.ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert on_disk == FOLDERS - {arch.TOP}
 
 
-@pytest.mark.parametrize("module", sorted(LAYER))
-def test_a_module_imports_only_its_own_layer_and_the_layers_below(module: str) -> None:
-    """No import runs upward: the layer of every imported package module is at most the importer's."""
-    upward = {t for t in arch.internal(GRAPH[module]) if LAYER[t] > LAYER[module]}
-    assert upward == set(), f"{module} ({NAMES[LAYER[module]]}) imports higher layers: {sorted(upward)}"
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_a_module_imports_only_its_own_folder_and_the_layers_below(module: str) -> None:
+    """No import runs upward, and rooms side by side do not import each other."""
+    own = arch.folder_of(module)
+    wrong = {
+        t
+        for t in arch.internal(GRAPH[module])
+        if arch.folder_of(t) != own and arch.layer_of(t) >= arch.layer_of(module)
+    }
+    assert wrong == set(), f"{module} imports {sorted(wrong)} (upward or a room beside its own)"
 
 
-@pytest.mark.parametrize("module", sorted(LAYER))
-def test_frameworks_are_imported_only_from_their_layer_up(module: str) -> None:
-    """SQLAlchemy from the SQL layer up, Celery and kombu from the Celery glue up, Django only in contrib."""
-    roots = {name.split(".")[0] for name in GRAPH[module]}
-    for framework, lowest in arch.FRAMEWORKS.items():
-        if framework in roots:
-            assert LAYER[module] >= NAMES.index(lowest), f"{module} imports {framework}"
-    if "django" in roots:
-        assert module == "contrib"
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_frameworks_are_imported_only_from_their_folder_up(module: str) -> None:
+    """SQLAlchemy from db up, Celery and kombu from config up, Django only in contrib."""
+    for framework in arch.frameworks(GRAPH[module]) & set(arch.FRAMEWORKS):
+        lowest = arch.FRAMEWORKS[framework]
+        if framework == "django":
+            assert arch.folder_of(module) == "contrib", f"{module} imports django"
+        else:
+            assert arch.layer_of(module) >= arch.layer_of(lowest + ".x"), f"{module} imports {framework}"
 
 
 def test_there_is_no_import_cycle_between_modules() -> None:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_boundedbeat.lease import LEASE_NAME, LeaseEvent, LeaseKeeper
+from celery_boundedbeat.db.lease import LEASE_NAME, LeaseEvent, LeaseKeeper
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

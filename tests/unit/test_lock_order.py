@@ -1,4 +1,4 @@
-"""The lock order of :mod:`celery_boundedbeat.store`, hammered by concurrent transactions on
+"""The lock order of :mod:`celery_boundedbeat.db.store`, hammered by concurrent transactions on
 real PostgreSQL: schedules by name, then runs by id, then queue rows.
 
 Each test races two writers that lock the same rows, round after round, with a short
@@ -21,16 +21,16 @@ import pytest
 from sqlalchemy import Engine, create_engine, insert, select, update
 from sqlalchemy.pool import NullPool
 
-from celery_boundedbeat.claims import Claimed
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.rows import RUNTIME
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.worklog import OutcomeReport, StartReport, write_reports
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.claims import Claimed
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.row_state import RUNTIME
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.worker.worklog import OutcomeReport, StartReport, write_reports
 
 pytestmark = pytest.mark.postgres
 

@@ -16,12 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from celery_boundedbeat.beat.exporter import MetricsExporter, serve_metrics
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.exporter import MetricsExporter, serve_metrics
-from celery_boundedbeat.lease import LEASE_NAME
-from celery_boundedbeat.metrics import (
+from celery_boundedbeat.config.settings import Settings
+from celery_boundedbeat.core.exceptions import ConfigurationError
+from celery_boundedbeat.db.engine import get_engine
+from celery_boundedbeat.db.lease import LEASE_NAME
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.tables import LeaseRow, QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.ops.metrics import (
     DRIFT_BUCKETS,
     DURATION_BUCKETS,
     MetricsSnapshot,
@@ -31,9 +34,6 @@ from celery_boundedbeat.metrics import (
     exposition,
     read_snapshot,
 )
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import LeaseRow, QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.settings import Settings
 
 NOW = datetime(2026, 12, 1, 6, 0, 0, tzinfo=UTC)
 TERMINAL = {"completed", "failed", "timed_out", "revoked", "rejected", "lost"}

@@ -18,17 +18,17 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, MetaData, Table, insert, inspect, select, text
 
-from celery_boundedbeat.exceptions import DatabaseNotMigratedError
-from celery_boundedbeat.migrate import (
+from celery_boundedbeat.core.exceptions import DatabaseNotMigratedError
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.migrate import (
     current_revision,
     head_revision,
     migrations_path,
     require_current,
     upgrade,
 )
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.schema import VERSION_TABLE, metadata
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import VERSION_TABLE, metadata
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -109,14 +109,14 @@ def test_downgrade_to_base_removes_every_table(engine: Engine) -> None:
 
 
 def test_migrations_path_works_in_the_editable_install() -> None:
-    """migrations_path() finds the migrations next to the imported package, editable or wheel."""
+    """migrations_path() finds the migrations inside the imported package, editable or wheel."""
     import celery_boundedbeat
 
     path = migrations_path()
     assert (path / "env.py").is_file()
     assert list((path / "versions").glob("*.py"))
     package = Path(celery_boundedbeat.__file__).resolve().parent
-    assert path.resolve() in {(package.parent / "migrations").resolve(), (package / "migrations").resolve()}
+    assert path.resolve() == (package / "db" / "migrations").resolve()
 
 
 @pytest.mark.timeout(240)
@@ -132,8 +132,9 @@ def test_the_wheel_ships_the_migrations_and_upgrades_from_a_clean_venv(tmp_path:
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = dist.glob("celery_boundedbeat-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "celery_boundedbeat/migrations/env.py" in names
-    assert any(n.startswith("celery_boundedbeat/migrations/versions/") and n.endswith(".py") for n in names)
+    assert "celery_boundedbeat/db/migrations/env.py" in names
+    versions = "celery_boundedbeat/db/migrations/versions/"
+    assert any(n.startswith(versions) and n.endswith(".py") for n in names)
     assert "celery_boundedbeat/py.typed" in names
     assert not any(n.startswith("tests/") for n in names)
 
@@ -155,13 +156,13 @@ def test_the_wheel_ships_the_migrations_and_upgrades_from_a_clean_venv(tmp_path:
         import sys
         from pathlib import Path
         import celery_boundedbeat
-        from celery_boundedbeat.engine import get_engine
-        from celery_boundedbeat.migrate import current_revision, head_revision, migrations_path, upgrade
+        from celery_boundedbeat.db.engine import get_engine
+        from celery_boundedbeat.db.migrate import current_revision, head_revision, migrations_path, upgrade
         from sqlalchemy import inspect
 
         package = Path(celery_boundedbeat.__file__).resolve().parent
         assert package.is_relative_to(Path({str(env_dir)!r}).resolve()), package
-        assert migrations_path() == package / "migrations", migrations_path()
+        assert migrations_path() == package / "db" / "migrations", migrations_path()
         engine = get_engine("sqlite:///" + str(Path.cwd() / "wheel.sqlite3"))
         upgrade(engine)
         assert current_revision(engine) == head_revision()

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 import tcpproxy
 
-from celery_boundedbeat.engine import normalize_url
-from celery_boundedbeat.notify import APPLICATION_NAME, PROBE_EVERY, PROBE_TIMEOUT, Listener
+from celery_boundedbeat.db.engine import normalize_url
+from celery_boundedbeat.db.notify import APPLICATION_NAME, PROBE_EVERY, PROBE_TIMEOUT, Listener
 
 pytestmark = pytest.mark.timeout(60)
 

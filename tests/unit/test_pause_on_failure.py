@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Policy, parse_policy
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import ScheduleState, on_resume, on_settle
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.ticks import ScheduleState, on_resume, on_settle
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from celery_boundedbeat.enums import MissedTicks, Mode
-from celery_boundedbeat.policy import EntrySpec, Policy, config_hash, parse_policy
-from celery_boundedbeat.timing import IntervalTiming
+from celery_boundedbeat.core.enums import MissedTicks, Mode
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec, config_hash
+from celery_boundedbeat.core.timing import IntervalTiming
 
 
 def parse(raw: dict[str, Any] | None = None, **kwargs: Any) -> Policy:

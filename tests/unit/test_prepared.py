@@ -12,14 +12,14 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec
-from celery_boundedbeat.prepared import prepare_tick
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.beat.prepared import prepare_tick
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 pytestmark = pytest.mark.postgres
 
@@ -173,8 +173,8 @@ def test_the_lead_grows_with_the_last_preparation_up_to_the_bound(store: Store) 
     earlier than MAX_PREPARE_AHEAD, never later than prepare_ahead; 0 turns it off."""
     from celery import Celery
 
-    from celery_boundedbeat.ahead import AheadTicker
-    from celery_boundedbeat.settings import MAX_PREPARE_AHEAD, Settings
+    from celery_boundedbeat.beat.ahead import AheadTicker
+    from celery_boundedbeat.config.settings import MAX_PREPARE_AHEAD, Settings
 
     def ticker(prepare_ahead: float) -> AheadTicker:
         app = Celery("lead", broker="memory://", set_as_current=False)
@@ -197,8 +197,8 @@ def test_the_first_preparation_after_a_large_tick_starts_early_enough(store: Sto
     the lead from an assumed cost per run; a smaller tick after it never shortens it."""
     from celery import Celery
 
-    from celery_boundedbeat.ahead import ASSUMED_PER_RUN, AheadTicker
-    from celery_boundedbeat.settings import Settings
+    from celery_boundedbeat.beat.ahead import ASSUMED_PER_RUN, AheadTicker
+    from celery_boundedbeat.config.settings import Settings
 
     app = Celery("lead", broker="memory://", set_as_current=False)
     ahead = AheadTicker(

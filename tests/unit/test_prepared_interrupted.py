@@ -24,12 +24,12 @@ from kombu.messaging import Producer
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-import celery_boundedbeat.ahead as ahead_module
-import celery_boundedbeat.store as store_module
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.prepared import PreparedTick
-from celery_boundedbeat.scheduler import Scheduler
-from celery_boundedbeat.store import utcnow
+import celery_boundedbeat.beat.ahead as ahead_module
+import celery_boundedbeat.db.store as store_module
+from celery_boundedbeat.beat.prepared import PreparedTick
+from celery_boundedbeat.beat.scheduler import Scheduler
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.store import utcnow
 
 pytestmark = pytest.mark.postgres
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery.app.task import Context
 
-from celery_boundedbeat import receivers
-from celery_boundedbeat.messages import MAX_RUN_TIME_HEADER
+from celery_boundedbeat.core.messages import MAX_RUN_TIME_HEADER
+from celery_boundedbeat.worker import receivers
 
 
 def test_a_run_with_a_hard_limit_is_left_to_the_pool_for_a_grace_after_it() -> None:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from celery_boundedbeat.runtime import IterationRecord, IterationRecorder
+from celery_boundedbeat.core.loops import IterationRecord, IterationRecorder
 
 
 class Outage(Exception):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from celery_boundedbeat.engine import get_engine
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.redact import mask_url, scrub, secrets_of
+from celery_boundedbeat.core.exceptions import ConfigurationError
+from celery_boundedbeat.core.redact import mask_url, scrub, secrets_of
+from celery_boundedbeat.db.engine import get_engine
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from celery import Celery, signals
 from celery.concurrency.thread import TaskPool as ThreadsPool
 
 from celery_boundedbeat import install
-from celery_boundedbeat.receivers import _trackers
-from celery_boundedbeat.tracking import Tracker
+from celery_boundedbeat.worker.receivers import _trackers
+from celery_boundedbeat.worker.tracking import Tracker
 
 FILE_DB = "sqlite:////tmp/bb-writer-choice.db"
 

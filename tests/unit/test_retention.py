@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, select, update
 
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec, Policy, config_hash, parse_policy
-from celery_boundedbeat.retention import purge_pass, retained
-from celery_boundedbeat.schema import RunRow, ScheduleRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec, config_hash
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.retention import purge_pass, retained
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import RunRow, ScheduleRow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(11)
@@ -205,7 +206,7 @@ def test_purging_beside_a_running_tick_loses_no_active_run_and_ends_at_the_bound
 def test_a_purge_batch_holds_no_lock_the_tick_or_a_settle_needs(postgres_url: str) -> None:
     """While a purge batch has deleted rows and not yet committed, a tick and a settle of the same
     schedule commit in another transaction (PostgreSQL, where a purge and a tick run side by side)."""
-    from celery_boundedbeat.engine import dispose_all, get_engine
+    from celery_boundedbeat.db.engine import dispose_all, get_engine
 
     engine = get_engine(postgres_url)
     try:

@@ -13,14 +13,14 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlalchemy.exc import OperationalError
 
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.rows import RUNTIME
-from celery_boundedbeat.runlife import Begun
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store, utcnow
-from celery_boundedbeat.tracking import Tracker
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.row_state import RUNTIME
+from celery_boundedbeat.db.runs import Begun
+from celery_boundedbeat.db.store import Store, utcnow
+from celery_boundedbeat.db.tables import ScheduleRow
+from celery_boundedbeat.worker.tracking import Tracker
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
@@ -163,8 +163,8 @@ def test_with_the_check_turned_off_every_delivery_runs_and_starts_are_written_be
 
 
 def test_the_setting_takes_only_true_or_false() -> None:
-    from celery_boundedbeat.exceptions import ConfigurationError
-    from celery_boundedbeat.settings import Settings
+    from celery_boundedbeat.config.settings import Settings
+    from celery_boundedbeat.core.exceptions import ConfigurationError
 
     conf = {"boundedbeat_database_url": "sqlite://", "boundedbeat_skip_duplicate_deliveries": "no"}
     with pytest.raises(ConfigurationError, match="skip_duplicate_deliveries"):

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, update
 
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.rows import RUNTIME
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.worklog import OutcomeReport, write_reports
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.row_state import RUNTIME
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import ScheduleRow
+from celery_boundedbeat.worker.worklog import OutcomeReport, write_reports
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from celery_boundedbeat.runtime import (
+from celery_boundedbeat.core.loops import (
     ERROR_BACKOFF_FLOOR,
     BackgroundLoop,
     DispatchBackoff,

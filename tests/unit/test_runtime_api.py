@@ -32,15 +32,15 @@ from celery_boundedbeat import (
     snapshot,
     update_schedule,
 )
-from celery_boundedbeat.definitions import Resolver, define
-from celery_boundedbeat.engine import normalize_url
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Definition
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import REMOVED_WITH_REVOKE, SCHEDULES_CHANNEL, Store, utcnow
-from celery_boundedbeat.timing import Timing
+from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.spec import Definition
+from celery_boundedbeat.core.timing import Timing
+from celery_boundedbeat.db.engine import normalize_url
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import REMOVED_WITH_REVOKE, SCHEDULES_CHANNEL, Store, utcnow
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 RNG = random.Random(11)
 

@@ -18,10 +18,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.definitions import Resolver, define
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.store import Store, utcnow
+from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store, utcnow
 
 RNG = random.Random(0)
 

@@ -12,10 +12,10 @@ import pytest
 from celery import Celery
 from sqlalchemy.exc import OperationalError
 
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.lease import LEASE_NAME
-from celery_boundedbeat.scheduler import Scheduler, reaper_grace
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.beat.scheduler import Scheduler, reaper_grace
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.lease import LEASE_NAME
+from celery_boundedbeat.db.store import Store
 
 
 def _app(url: str, **conf: object) -> Celery:
@@ -61,7 +61,7 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
         # The rows exist once a lease holder reconciled them (as the first tick would).
         store.sync_config(scheduler._config.values(), datetime.now(UTC), rng)
         with store.session() as s:
-            from celery_boundedbeat.schema import ScheduleRow
+            from celery_boundedbeat.db.tables import ScheduleRow
 
             row = s.get(ScheduleRow, "keep")
             assert row is not None
@@ -155,7 +155,7 @@ def test_a_tick_lost_to_the_database_is_recorded_when_it_returns(
         assert "is reachable again" in caplog.text
         assert scheduler._reap_not_before > 0
         with store.session() as s:
-            from celery_boundedbeat.schema import IterationRow
+            from celery_boundedbeat.db.tables import IterationRow
 
             rows = [
                 (r.loop, r.holder, r.error or "") for r in s.query(IterationRow).order_by(IterationRow.id)
@@ -227,7 +227,7 @@ def test_a_row_that_fell_due_while_the_tick_ran_is_looked_at_at_once(sqlite_url:
     The old rule slept the whole poll interval whenever a tick emitted nothing and a row was
     already due, so a row due 4 ms after the tick looked ran about a second late.
     """
-    from celery_boundedbeat.store import TickResult
+    from celery_boundedbeat.db.store import TickResult
 
     app = _app(sqlite_url, boundedbeat_dispatch_enabled=False, boundedbeat_poll_interval=1.0)
     scheduler = Scheduler(app)
@@ -402,7 +402,7 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
     tick has unwound: by then no row of it is locked."""
     import psycopg
 
-    import celery_boundedbeat.store as store_module
+    import celery_boundedbeat.db.store as store_module
 
     app = _app(
         postgres_url,

@@ -8,8 +8,8 @@ from typing import Any
 import celery
 import pytest
 
-from celery_boundedbeat.exceptions import ConfigurationError
-from celery_boundedbeat.settings import DEFAULT_DATABASE_URL, Settings
+from celery_boundedbeat.config.settings import DEFAULT_DATABASE_URL, Settings
+from celery_boundedbeat.core.exceptions import ConfigurationError
 
 
 def from_conf(**conf: Any) -> Settings:

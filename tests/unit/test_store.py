@@ -12,15 +12,15 @@ import pytest
 from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.messages import RUN_HEADER, SCHEDULE_HEADER
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import Store
-from celery_boundedbeat.ticks import MAX_QUEUED_TRIGGERS, UNUSABLE_RETRY, TriggerRefused
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.messages import RUN_HEADER, SCHEDULE_HEADER
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import MAX_QUEUED_TRIGGERS, UNUSABLE_RETRY, TriggerRefused
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)
@@ -769,7 +769,7 @@ def test_config_rows_written_in_bulk_equal_a_schedule_added_alone(store: Store) 
     Values that a text COPY must escape (tabs, newlines, backslashes, ``\\N``, quotes, non-ASCII,
     JSON nulls) come back unchanged, and the row differs from the runtime one only in name and origin.
     """
-    from celery_boundedbeat.policy import Definition
+    from celery_boundedbeat.core.spec import Definition
 
     awkward: dict[str, Any] = {
         "args": ["a\tb", "line\nnext", "back\\slash", "\\N", None, 1.5, {"k": [None, "é✓"]}],

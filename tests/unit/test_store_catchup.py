@@ -11,15 +11,15 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from celery_boundedbeat.engine import dispose_all, get_engine
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.metrics import exposition, read_snapshot
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec
-from celery_boundedbeat.reports import ScheduleSnapshot
-from celery_boundedbeat.schema import QueueRow, RunRow, ScheduleRow
-from celery_boundedbeat.store import REPLACED, Store
+from celery_boundedbeat.api.queries import ScheduleSnapshot
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.db.engine import dispose_all, get_engine
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import REPLACED, Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.ops.metrics import exposition, read_snapshot
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)

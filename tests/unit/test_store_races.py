@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, insert
 from sqlalchemy.pool import NullPool
 
-from celery_boundedbeat.messages import message_options
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import Policy
-from celery_boundedbeat.schema import QueueRow, RunRow
-from celery_boundedbeat.store import Store
+from celery_boundedbeat.core.messages import message_options
+from celery_boundedbeat.core.policy import Policy
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import QueueRow, RunRow
 
 pytestmark = pytest.mark.postgres
 

@@ -15,8 +15,8 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_boundedbeat.definitions import config_definitions
-from celery_boundedbeat.exceptions import ConfigurationError
+from celery_boundedbeat.config.definitions import config_definitions
+from celery_boundedbeat.core.exceptions import ConfigurationError
 from celery_boundedbeat.testing import DEFAULT_START, EventKind, Timeline, simulate
 
 MINUTE = 1 / 60  # hours

@@ -12,13 +12,13 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine, update
 
-from celery_boundedbeat.entries import parse_entry
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.policy import EntrySpec
-from celery_boundedbeat.scheduler import Scheduler
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store, TickResult
-from celery_boundedbeat.ticks import UNUSABLE_RETRY, ScheduleState, TickOutcome
+from celery_boundedbeat.beat.scheduler import Scheduler
+from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import UNUSABLE_RETRY, ScheduleState, TickOutcome
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store, TickResult
+from celery_boundedbeat.db.tables import ScheduleRow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(7)

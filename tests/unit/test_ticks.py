@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from celery_boundedbeat.enums import Mode, RunState
-from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.core.enums import Mode, RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import (
     MAX_QUEUED_TRIGGERS,
     Emission,
     ScheduleState,
@@ -25,7 +26,7 @@ from celery_boundedbeat.ticks import (
     on_settle,
     on_trigger,
 )
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming, Timing
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -514,9 +515,9 @@ def test_a_rate_schedule_without_a_grid_anchors_on_the_next_tick_without_emittin
     import random
     from datetime import UTC, datetime, timedelta
 
-    from celery_boundedbeat.policy import Policy
-    from celery_boundedbeat.ticks import ScheduleState, on_due
-    from celery_boundedbeat.timing import CalendarTiming
+    from celery_boundedbeat.core.policy import Policy
+    from celery_boundedbeat.core.ticks import ScheduleState, on_due
+    from celery_boundedbeat.core.timing import CalendarTiming
 
     def every_minute(t: datetime) -> datetime:
         return t.replace(second=0, microsecond=0) + timedelta(minutes=1)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_boundedbeat.enums import MissedTicks, RunState
-from celery_boundedbeat.policy import Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.core.enums import MissedTicks, RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.ticks import (
     ScheduleState,
     TickOutcome,
     initial_state,
@@ -22,7 +22,7 @@ from celery_boundedbeat.ticks import (
     on_resume,
     on_settle,
 )
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
@@ -248,7 +248,7 @@ def test_a_change_to_replace_drops_pending_ticks_as_buffer_drops() -> None:
     old = parse(missed_ticks="catch_up", max_pending=3)
     out = due(old, waiting(active=1), T0 + sec(20))
     assert len(out.state.pending) == 3
-    from celery_boundedbeat.entries import parse_entry
+    from celery_boundedbeat.config.entries import parse_entry
 
     spec, found = parse_entry(
         "entry", {"task": "t", "schedule": 10, "policy": {"missed_ticks": "replace"}}, {}

@@ -18,10 +18,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from celery.schedules import crontab
 
-from celery_boundedbeat.entries import timing_for
-from celery_boundedbeat.enums import Mode, RunState, StopReason
-from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.config.entries import timing_for
+from celery_boundedbeat.core.enums import Mode, RunState, StopReason
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import (
     Emission,
     ScheduleState,
     Triggered,
@@ -34,7 +35,7 @@ from celery_boundedbeat.ticks import (
     on_trigger,
     resume_refusal,
 )
-from celery_boundedbeat.timing import IntervalTiming, Timing
+from celery_boundedbeat.core.timing import IntervalTiming, Timing
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

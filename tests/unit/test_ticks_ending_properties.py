@@ -1,6 +1,6 @@
 """Properties of ``end_at`` and ``max_runs`` under random event sequences (Hypothesis, fake clock).
 
-A simulated beat drives the pure functions of :mod:`celery_boundedbeat.ticks` as the store
+A simulated beat drives the pure functions of :mod:`celery_boundedbeat.core.ticks` as the store
 does (looks only at a due, running schedule; settles, triggers, pauses, resumes and policy
 changes in between, the clock jumping by random amounts) with a policy that ends. After every
 event it checks the bounds against its own record: grid runs never exceed ``max_runs``, no
@@ -19,9 +19,10 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from celery_boundedbeat.enums import RunState, StopReason
-from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.core.enums import RunState, StopReason
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import (
     Emission,
     ScheduleState,
     Triggered,
@@ -34,7 +35,7 @@ from celery_boundedbeat.ticks import (
     on_trigger,
     resume_refusal,
 )
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming, Timing
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TERMINAL = [s for s in RunState if s.terminal]

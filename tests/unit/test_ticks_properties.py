@@ -1,6 +1,6 @@
 """Properties of the tick state machine under random event sequences (Hypothesis, fake clock).
 
-A simulated beat drives the pure functions of :mod:`celery_boundedbeat.ticks` the way the
+A simulated beat drives the pure functions of :mod:`celery_boundedbeat.core.ticks` the way the
 store does: it looks at the schedule only when it is due, not paused and not stopped, and
 applies settles, triggers, pauses, resumes and config changes in between, while the clock
 jumps by random amounts (on grid times and off them). After every event it checks the
@@ -17,9 +17,10 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from celery_boundedbeat.enums import MissedTicks, Mode, RunState
-from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
-from celery_boundedbeat.ticks import (
+from celery_boundedbeat.core.enums import MissedTicks, Mode, RunState
+from celery_boundedbeat.core.policy import Policy, parse_policy
+from celery_boundedbeat.core.spec import EntrySpec
+from celery_boundedbeat.core.ticks import (
     MAX_QUEUED_TRIGGERS,
     Emission,
     ScheduleState,
@@ -32,7 +33,7 @@ from celery_boundedbeat.ticks import (
     on_settle,
     on_trigger,
 )
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming, Timing
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TERMINAL = [s for s in RunState if s.terminal]

@@ -23,11 +23,11 @@ from sqlalchemy import Engine
 
 from celery_boundedbeat import ConfigurationError, add_schedule, snapshot, update_schedule
 from celery_boundedbeat.cli import boundedbeat
-from celery_boundedbeat.definitions import config_definitions, define, from_row
-from celery_boundedbeat.entries import validate_entries
-from celery_boundedbeat.migrate import upgrade
-from celery_boundedbeat.schema import ScheduleRow
-from celery_boundedbeat.store import Store, utcnow
+from celery_boundedbeat.config.definitions import config_definitions, define, from_row
+from celery_boundedbeat.config.entries import validate_entries
+from celery_boundedbeat.db.migrate import upgrade
+from celery_boundedbeat.db.store import Store, utcnow
+from celery_boundedbeat.db.tables import ScheduleRow
 
 RNG = random.Random(3)
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_boundedbeat.timing import CalendarTiming, IntervalTiming
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -8,10 +8,10 @@ import pytest
 from celery import Celery
 from sqlalchemy.exc import DataError, OperationalError
 
-from celery_boundedbeat.enums import RunState
-from celery_boundedbeat.runlife import Settled
-from celery_boundedbeat.tracking import BATCH, Tracker
-from celery_boundedbeat.worklog import Beat, OutcomeReport, StartReport
+from celery_boundedbeat.core.enums import RunState
+from celery_boundedbeat.db.runs import Settled
+from celery_boundedbeat.worker.tracking import BATCH, Tracker
+from celery_boundedbeat.worker.worklog import Beat, OutcomeReport, StartReport
 
 
 class FakeStore:
@@ -156,7 +156,7 @@ def test_unknown_task_settles_rejected_and_logs_the_name_once(
 
 def test_error_texts_are_stored_with_nul_and_lone_surrogates_escaped() -> None:
     """NUL and lone surrogates (a non-UTF-8 file name) become escapes every database stores."""
-    from celery_boundedbeat.messages import error_text
+    from celery_boundedbeat.core.messages import error_text
 
     text = error_text(ValueError("cannot read /data/caf\udce9\x00.csv"))
     assert "\x00" not in text and "\udce9" not in text

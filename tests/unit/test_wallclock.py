@@ -23,9 +23,9 @@ from celery.schedules import crontab
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_boundedbeat.definitions import define
-from celery_boundedbeat.timing import Timing
-from celery_boundedbeat.wallclock import CronFields, next_fire, next_match
+from celery_boundedbeat.config.definitions import define
+from celery_boundedbeat.core.timing import Timing
+from celery_boundedbeat.core.wallclock import CronFields, next_fire, next_match
 
 APP = celery.Celery("wallclock", set_as_current=False)  # app timezone UTC: the policy key decides
 

@@ -2,9 +2,9 @@
 """Admin pages for schedules and runs, with pause / resume / trigger actions.
 
 Runs are read-only. Runtime schedules are added, changed and removed through the schedule API
-(:mod:`celery_boundedbeat.schedules`), each change under its own permission; config schedules
+(:mod:`celery_boundedbeat.api.schedules`), each change under its own permission; config schedules
 are read-only (their config owns them). The actions go through
-:class:`celery_boundedbeat.store.Store`, exactly like ``celery -A proj boundedbeat pause``.
+:class:`celery_boundedbeat.db.store.Store`, exactly like ``celery -A proj boundedbeat pause``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ...exceptions import BoundedBeatError, ScheduleEndedError
-from ...rows import RUNTIME
-from ...schedules import remove_schedule
-from ...store import Store
-from ...ticks import TriggerRefused
+from ...api.schedules import remove_schedule
+from ...core.exceptions import BoundedBeatError, ScheduleEndedError
+from ...core.ticks import TriggerRefused
+from ...db.row_state import RUNTIME
+from ...db.store import Store
 from .cells import (
     IDLE_COLOUR,
     PAUSED_COLOUR,
@@ -428,7 +428,7 @@ class ScheduleAdmin(TablesAdmin):
         """Apply ``change`` to each selected schedule, one transaction and one message each.
 
         ``change`` returns something falsy for a schedule no longer in the database, or a
-        :class:`~celery_boundedbeat.ticks.TriggerRefused` saying why nothing was done.
+        :class:`~celery_boundedbeat.core.ticks.TriggerRefused` saying why nothing was done.
         """
         try:
             target = store()

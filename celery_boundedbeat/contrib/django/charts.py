@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from html import escape
 
-from ...enums import RunState
+from ...core.enums import RunState
 from .readable import format_ms, format_when
 
 #: One colour per run state; the lists' state labels use the same ones.

@@ -15,11 +15,11 @@ from django.core import checks
 from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
-from ...engine import get_engine
-from ...exceptions import BoundedBeatError
-from ...migrate import current_revision, head_revision
-from ...redact import driver_reason, mask_url
-from ...schema import metadata
+from ...core.exceptions import BoundedBeatError
+from ...core.redact import driver_reason, mask_url
+from ...db.engine import get_engine
+from ...db.migrate import current_revision, head_revision
+from ...db.tables import metadata
 from .conf import ADMIN_DATABASE_SETTING, admin_database, boundedbeat_settings
 
 MIGRATE_HINT = "Run `python manage.py boundedbeat_migrate` (or `celery -A proj boundedbeat migrate`)."

@@ -12,9 +12,9 @@ from typing import Any
 from celery import Celery
 from django.conf import settings as django_settings
 
-from ...engine import get_engine
-from ...settings import Settings
-from ...store import Store
+from ...config.settings import Settings
+from ...db.engine import get_engine
+from ...db.store import Store
 
 #: The Celery namespace of Django settings (docs/settings.md).
 NAMESPACE = "CELERY"

@@ -2,10 +2,10 @@
 """The admin's add and change form of runtime schedules.
 
 The form does not judge a schedule itself. It turns its fields into the arguments of
-:func:`~celery_boundedbeat.schedules.add_schedule` / :func:`~celery_boundedbeat.schedules.update_schedule`
+:func:`~celery_boundedbeat.add_schedule` / :func:`~celery_boundedbeat.update_schedule`
 and makes the call while validating, so the admin holds a schedule to exactly the rules and
 error texts of the API and of ``beat_schedule``, and the call that checks is the one
-transaction that writes. Each :class:`~celery_boundedbeat.exceptions.ConfigurationError`
+transaction that writes. Each :class:`~celery_boundedbeat.core.exceptions.ConfigurationError`
 problem is shown on the field its key names; a form is valid exactly when the API accepted it.
 """
 
@@ -25,12 +25,12 @@ from django import forms
 from django.contrib.admin import widgets
 from sqlalchemy.exc import SQLAlchemyError
 
-from ...definitions import CRONTAB_FIELDS
-from ...enums import MissedTicks, Mode
-from ...exceptions import BoundedBeatError, ConfigurationError
-from ...rows import RUNTIME
-from ...schedules import add_schedule, update_schedule
-from ...schema import MAX_SCHEDULE_NAME, MAX_TASK_NAME
+from ...api.schedules import add_schedule, update_schedule
+from ...config.definitions import CRONTAB_FIELDS
+from ...core.enums import MissedTicks, Mode
+from ...core.exceptions import BoundedBeatError, ConfigurationError
+from ...core.limits import MAX_SCHEDULE_NAME, MAX_TASK_NAME
+from ...db.row_state import RUNTIME
 from .conf import celery_app
 from .models import Schedule
 

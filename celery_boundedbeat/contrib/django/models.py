@@ -2,7 +2,7 @@
 """Unmanaged models over the contract tables (docs/sql.md).
 
 Django never creates, alters or writes these tables: ``celery -A proj boundedbeat migrate``
-creates them, beat and the schedule API (:mod:`celery_boundedbeat.schedules`) write them.
+creates them, beat and the schedule API (:mod:`celery_boundedbeat.api.schedules`) write them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from django.db import models
 
-from ...enums import Mode, RunState, StopReason
-from ...rows import CONFIG, RUNTIME
+from ...core.enums import Mode, RunState, StopReason
+from ...db.row_state import CONFIG, RUNTIME
 
 
 class JSONTextField(models.TextField):

@@ -1,6 +1,6 @@
 """Schedules, durations and times in words, for the admin's lists and pages.
 
-Pure: the stored ``timing`` JSON (see :func:`celery_boundedbeat.definitions.timing_json`) and
+Pure: the stored ``timing`` JSON (see :func:`celery_boundedbeat.config.definitions.timing_json`) and
 numbers in, short text out. A timing it cannot put in words falls back to the cron fields as
 written, so no schedule is ever shown wrongly, only less prettily.
 """

@@ -13,10 +13,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
-from .....engine import get_engine
-from .....exceptions import BoundedBeatError
-from .....migrate import current_revision, upgrade
-from .....redact import driver_reason, mask_url
+from .....core.exceptions import BoundedBeatError
+from .....core.redact import driver_reason, mask_url
+from .....db.engine import get_engine
+from .....db.migrate import current_revision, upgrade
 from ...conf import boundedbeat_settings
 
 

@@ -1,0 +1,1 @@
+"""What applications call: runtime schedules, the transactional outbox, status and history reads."""

@@ -1,0 +1,82 @@
+"""``enqueue()``: a transactional outbox for application code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import insert, text
+
+from ..core.limits import MAX_TASK_ID, MAX_TASK_NAME, text_problem
+from ..db.store import QUEUE_CHANNEL, utcnow
+from ..db.tables import QueueRow
+
+
+def enqueue(
+    connection: Any,
+    task_name: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> str:
+    """Put a task on the DB-backed queue inside the caller's transaction; returns its task id.
+
+    ``connection`` is a SQLAlchemy ``Connection`` or ``Session`` (or a Django
+    ``connection``) on the celery_boundedbeat database. The row is visible to the
+    dispatcher only when the caller commits, so a rolled-back transaction never publishes.
+    """
+    import uuid
+
+    if not isinstance(task_name, str) or not task_name:
+        raise ValueError(f"task_name must be a non-empty string, got {task_name!r}")
+    task_id = str(options.pop("task_id", None) or uuid.uuid4())
+    # Refused here, not by PostgreSQL inside the caller's transaction (SQLite would keep them).
+    for key, value, limit in (("task_name", task_name, MAX_TASK_NAME), ("task_id", task_id, MAX_TASK_ID)):
+        reason = text_problem(value, limit)
+        if reason is not None:
+            raise ValueError(f"{key} {reason}")
+    now = utcnow()
+    values = {
+        "task_id": task_id,
+        "task": task_name,
+        "args": list(args),
+        "kwargs": dict(kwargs or {}),
+        "options": options,
+        "due_at": now,
+        "enqueued_at": now,
+        "attempts": 0,
+    }
+    if (hasattr(connection, "execute") and hasattr(connection, "dialect")) or hasattr(connection, "get_bind"):
+        connection.execute(insert(QueueRow).values(**values))
+        dialect = connection.dialect if hasattr(connection, "dialect") else connection.get_bind().dialect
+        if dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_notify(:c, '')"), {"c": QUEUE_CHANNEL})
+        return task_id
+    return _enqueue_django(connection, values)
+
+
+def _enqueue_django(connection: Any, values: dict[str, Any]) -> str:
+    """Django's ``connection``: plain parameterized SQL through its cursor."""
+    import json
+
+    vendor = getattr(connection, "vendor", "")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO boundedbeat_queue"
+            " (task_id, task, args, kwargs, options, due_at, enqueued_at, attempts)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, 0)",
+            [
+                values["task_id"],
+                values["task"],
+                json.dumps(values["args"]),
+                json.dumps(values["kwargs"]),
+                json.dumps(values["options"]),
+                values["due_at"] if vendor == "postgresql" else values["due_at"].replace(tzinfo=None),
+                values["enqueued_at"]
+                if vendor == "postgresql"
+                else values["enqueued_at"].replace(tzinfo=None),
+            ],
+        )
+        if vendor == "postgresql":
+            cursor.execute("SELECT pg_notify(%s, '')", [QUEUE_CHANNEL])
+    return str(values["task_id"])

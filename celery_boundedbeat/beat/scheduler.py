@@ -1,0 +1,851 @@
+"""The Celery beat scheduler class: ``celery beat -S celery_boundedbeat.Scheduler``.
+
+Beat's loop calls :meth:`Scheduler.tick`; each tick handles every due schedule in one
+transaction (an index range scan on ``next_due_at``, never a walk over all schedules),
+wakes the dispatcher, and then waits until the next due time, a completion notice, or the
+poll interval, whichever comes first.
+
+High availability: any number of beats may run against one database. Only the holder of
+the ``beat`` lease (``boundedbeat_leases``, kept by :class:`~.lease.LeaseKeeper`) ticks,
+dispatches and reaps. A holder that cannot renew stops a whole renew interval before its
+lease can expire; a standby tries every renew interval and takes over at most
+``lease_ttl + lease_renew_interval`` after the holder's last renewal. The unique
+``(schedule, scheduled_for)`` key makes a double emission impossible even if two beats ever
+believed they held it.
+
+Faults: every tick, reap, renewal, chore and drain is one recorded iteration
+(:class:`~.runtime.IterationRecorder`): an exception is logged (with its traceback the first
+time in a streak, then one line every 30 s), recorded in ``boundedbeat_iterations`` (once
+the database is back, if it was the database that failed), and the loop goes on. After
+losing the database the reaper waits three heartbeat intervals before settling anything, so
+workers can first write the outcomes they kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import random
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import Celery, beat
+from sqlalchemy import Engine
+
+from ..config.definitions import Resolver, config_definitions, sweep_slack
+from ..config.settings import Settings
+from ..core.alerts import on_ticked
+from ..core.exceptions import BoundedBeatError, ConfigurationError
+from ..core.loops import (
+    BackgroundLoop,
+    Iteration,
+    IterationRecord,
+    IterationRecorder,
+    OutageLog,
+    run_recorded_iteration,
+)
+from ..core.messages import clip_error
+from ..core.redact import driver_reason, mask_url, scrub
+from ..core.spec import Definition
+from ..db.alertlog import TAKE_BATCH
+from ..db.engine import get_engine
+from ..db.faults import is_outage
+from ..db.lease import LeaseEvent, LeaseKeeper, LeaseTurn
+from ..db.migrate import require_current, upgrade
+from ..db.notify import Listener
+from ..db.retention import purge_pass
+from ..db.runs import SETTLED_CHANNEL
+from ..db.store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, Store, TickResult, utcnow
+from ..dispatch.dispatcher import Dispatcher
+from ..signals import send as send_signals
+from .ahead import AheadTicker
+from .exporter import MetricsExporter, serve_metrics
+
+logger = logging.getLogger("celery_boundedbeat.beat")
+
+#: Seconds between two looks an idle beat does whatever its notifications said (a backstop).
+FULL_LOOK_EVERY = 60.0
+
+#: Exit status when the configuration is invalid (EX_CONFIG).
+EX_CONFIG = 78
+#: Exit status when the database cannot be reached at start (EX_UNAVAILABLE).
+EX_UNAVAILABLE = 69
+
+
+def freeze_startup_heap() -> None:
+    """Keep what start-up built (Celery, the drivers, the app, the engine) out of full collections.
+
+    A full collection walks every object the collector tracks, holding the GIL all along. Under
+    a thousand schedule changes a second the beat ran one every several seconds, 90-120 ms each
+    on a busy two-core machine, and every run due meanwhile waited as long. What start-up built
+    lives as long as the process: walking it again never frees anything. Collected first, so
+    no garbage is frozen with it.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def reaper_grace(down: float, heartbeat_interval: float) -> float:
+    """Seconds the reaper waits after the database was out for ``down`` seconds.
+
+    Workers could not write heartbeats or outcomes meanwhile either, so after a real outage
+    the reaper gives them three heartbeat intervals. A run is settled ``lost`` once its
+    worker's heartbeat is three intervals old; a live worker beats every interval, so after an
+    outage shorter than half an interval (a cut connection, replaced at once) its heartbeat is
+    at most 2½ intervals old when it next writes: no wait is needed. Waiting after each such
+    blip would hold the reaper back for as long as the cuts go on (a pooler restarting every
+    few seconds), and a dead worker's runs with it.
+    """
+    return 0.0 if down < heartbeat_interval / 2 else 3 * heartbeat_interval
+
+
+class Scheduler(beat.Scheduler):  # type: ignore[misc]
+    """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
+
+    #: The cleanup of silent workers' heartbeat rows runs hourly (retention has its own
+    #: ``boundedbeat_retention_interval``).
+    retention_every: float = 3600.0
+    #: Reaper passes per heartbeat interval: a dead worker's run settles ``lost`` at most
+    #: 3 1/3 intervals after its last heartbeat (10 s with the default 3 s interval).
+    reaps_per_heartbeat: int = 3
+
+    def __init__(self, app: Celery, *args: Any, **kwargs: Any) -> None:
+        # Attributes first: the base __init__ calls setup_schedule() at its end.
+        self._settings: Settings | None = None
+        self._store: Store | None = None
+        self._lease: LeaseKeeper | None = None
+        #: This beat's ``beat_schedule`` entries (reconciled when it takes the lease).
+        self._config: dict[str, Definition] = {}
+        #: Every due row's schedule, rebuilt from its row when it changed (runtime ones too).
+        self._resolver: Resolver | None = None
+        self._rng = random.Random()
+        self._wake = threading.Event()
+        self._dispatch_loop: BackgroundLoop | None = None
+        self._dispatcher: Dispatcher | None = None
+        #: Ticks prepared before they are due (PostgreSQL with the in-beat dispatcher).
+        self._ahead: AheadTicker | None = None
+        self._listener: Listener | None = None
+        self._recorder = IterationRecorder(
+            self._write_record, logger=logger, is_outage=is_outage, label="beat "
+        )
+        self._next_reap_at = 0.0
+        self._next_full_reap_at = 0.0
+        #: Retention passes, on a thread of their own so a long purge never delays a tick.
+        self._retention_loop: BackgroundLoop | None = None
+        self._reap_not_before = 0.0
+        self._next_housekeeping_at = 0.0
+        self._closed = False
+        #: A close() that came while a prepared tick ran in this thread, done once it ended.
+        self._close_deferred = False
+        #: The thread in :meth:`tick` now, if any (a close from a signal handler there waits).
+        self._ticking: int | None = None
+        #: The ``/metrics`` endpoint, when ``boundedbeat_metrics_port`` is set.
+        self._metrics: MetricsExporter | None = None
+        #: Whether the schedule rows were reconciled with beat_schedule in this lease term.
+        self._reconciled = False
+        #: What an idle beat on PostgreSQL may skip (:meth:`_must_tick`, :meth:`_housekeep`):
+        #: the earliest due time the last tick saw and whether anything may have changed since
+        #: (a notification, a new lease term, a failed tick); whether runs may be active (the
+        #: reaper's work) and whether settles may have left alerts to send.
+        self._known_due: datetime | None = None
+        self._stale = True
+        #: Ticks failed in a row (the first is tried again at once: a cut connection).
+        self._tick_failures = 0
+        self._runs_may_be_active = True
+        self._alerts_may_wait = True
+        #: Whether no tick has looked since the lease was taken (:meth:`_tick_late`).
+        self._first_look = True
+        #: Monotonic time of the next look done whatever the above say (a backstop).
+        self._next_full_look_at = 0.0
+        #: The definition cache's size after its last sweep, and the schedules then present.
+        self._swept_size = 0
+        self._swept_live = 0
+        #: Schedules whose own tick failed and were set aside (logged once until they tick again).
+        self._failing_rows: set[str] = set()
+        kwargs.pop("schedule_filename", None)
+        super().__init__(app, *args, **kwargs)
+
+    # -- the celery.beat contract -------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings, read once; invalid ones end beat with EX_CONFIG and the problems named
+        (Celery reads ``info`` for the banner before ``setup_schedule``: both land here)."""
+        if self._settings is None:
+            try:
+                self._settings = Settings.from_conf(self.app.conf)
+            except ConfigurationError as exc:
+                logger.critical("%s", exc)
+                raise SystemExit(EX_CONFIG) from None
+        return self._settings
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
+        return self._store
+
+    @property
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
+        return self._resolver
+
+    @property
+    def lease(self) -> LeaseKeeper:
+        if self._lease is None:
+            raise BoundedBeatError("the scheduler is not set up (setup_schedule() not called)")
+        return self._lease
+
+    def setup_schedule(self) -> None:
+        """Validate every entry, prepare the database, reconcile schedules, start helpers."""
+        settings = self.settings
+        try:
+            self._config = config_definitions(self.app, settings.default_policy)
+        except ConfigurationError as exc:
+            logger.critical("%s", exc)
+            raise SystemExit(EX_CONFIG) from None
+        self._resolver = Resolver(self.app, self._config)
+        self._store = Store(
+            self._prepare_database(settings.database_url, settings.should_auto_migrate),
+            failing_threshold=settings.failing_threshold,
+        )
+        self._lease = LeaseKeeper(
+            self._store, ttl=settings.lease_ttl, renew_interval=settings.lease_renew_interval
+        )
+        # The schedule rows are reconciled with beat_schedule by the lease holder only, when it
+        # takes the lease (``_reconcile``): a standby never writes them.
+        logger.info(
+            "celery_boundedbeat: %d schedule(s) from %s; database %s",
+            len(self._config),
+            "beat_schedule",
+            mask_url(settings.database_url),
+        )
+        if settings.dispatch_enabled:
+            self._dispatcher = Dispatcher(
+                self.app,
+                self._store,
+                settings,
+                may_run=self._lease.acting,
+                record=self._recorder.record,
+                notified=self._listening,
+            )
+            self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
+            self._dispatch_loop.start()
+            if self._store.is_postgres and settings.prepare_ahead > 0:
+                self._ahead = AheadTicker(
+                    self.app,
+                    self._store,
+                    settings,
+                    self._resolver,
+                    claimer=self._dispatcher.name,
+                    still_leading=self._lease.acting,
+                )
+        self._retention_loop = BackgroundLoop("boundedbeat-retention", self._run_retention)
+        self._retention_loop.start()
+        if self._store.is_postgres:
+            self._listener = Listener(
+                settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL], self._on_notify
+            )
+            self._listener.start()
+        if settings.metrics_port is not None:
+            self._metrics = serve_metrics(
+                self._store.engine,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                refresh_interval=settings.metrics_refresh_interval,
+                leader=self._lease.acting,
+            )
+        freeze_startup_heap()
+
+    @staticmethod
+    def _prepare_database(url: str, auto_migrate: bool) -> Engine:
+        """The engine, with the schema migrated or checked; one clean line and an exit otherwise.
+
+        A bad URL or a missing migration is a configuration error (EX_CONFIG); a database that
+        cannot be reached at start is EX_UNAVAILABLE, said once with the (masked) reason
+        instead of a page of traceback per retry.
+        """
+        try:
+            engine = get_engine(url)
+            if auto_migrate:
+                upgrade(engine)
+            else:
+                require_current(engine, mask_url(url))
+        except BoundedBeatError as exc:
+            logger.critical("%s", scrub(str(exc), url))
+            raise SystemExit(EX_CONFIG) from None
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            logger.critical(
+                "celery_boundedbeat: cannot reach the database %s: %s", mask_url(url), driver_reason(exc, url)
+            )
+            raise SystemExit(EX_UNAVAILABLE) from None
+        return engine
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == QUEUE_CHANNEL:
+            if self._dispatch_loop is not None:
+                self._dispatch_loop.wake()
+        else:
+            if channel == SCHEDULES_CHANNEL and payload and self._resolver is not None:
+                self._resolver.forget(payload)
+            if channel == SETTLED_CHANNEL:
+                self._alerts_may_wait = True
+            self._stale = True
+            self._wake.set()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass: keep the lease, emit due runs, reap, then wait for the next reason to look.
+
+        Celery's SIGTERM handler calls :meth:`close` in this thread, wherever the pass is: in
+        a tick's transaction, with schedule rows locked, the close would wait for the
+        dispatcher and the last drain, and they for those rows, until the server ended the
+        transaction. So the close waits for the pass to unwind (:meth:`close`), then runs.
+        """
+        self._ticking = threading.get_ident()
+        try:
+            return self._tick()
+        finally:
+            self._ticking = None
+            if self._close_deferred:
+                self._close_deferred = False
+                self._close_now()
+                raise SystemExit()
+
+    def _tick(self) -> float:
+        if self._store is None or self._lease is None:
+            return float(self.max_interval)
+        mono = time.monotonic()
+        wait = min(self.settings.poll_interval if self._polling else self.max_interval, self.max_interval)
+        if not self._keep_lease() or not self._reconcile():
+            self._wait(max(0.05, min(wait, self.lease.seconds_to_renewal())))
+            return 0
+        now = utcnow()
+        if self._must_tick(now, mono):
+            if self._tick_late(now):
+                return 0  # the rest of what is due (not certain enough to claim) is looked at now
+            # Cleared before the tick reads, never after: a notification that lands while it
+            # runs keeps the flag and is acted on at the next look, not at the backstop.
+            self._stale = False
+            result = self._emit_due(now)
+            if result is None:
+                self._stale = True
+                if self._tick_failures == 1:
+                    # A tick that fails right after one worked most likely met a cut
+                    # connection, which the pool has dropped: tick again now. Waiting the poll
+                    # interval made every run due meanwhile that much late.
+                    return 0
+            else:
+                self._known_due = result.next_due_at
+                if self._ahead is not None:
+                    self._ahead.saw(len(result.emitted))
+                self._log_tick(result)
+                if result.emitted:
+                    self._runs_may_be_active = True
+                    if self._dispatch_loop is not None:
+                        self._dispatch_loop.wake()
+                self._terminate_replaced(result.revoked)  # the tick has committed
+                send_signals(on_ticked(result.outcomes, now))
+                self._sweep_definitions(now)  # the tick's work is done: off its path
+        else:
+            result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
+        self._housekeep(mono, now)
+        wait = self._next_wait(result, wait)
+        if not self._tick_ahead(result, wait):
+            self._wait(wait)
+        return 0
+
+    def _listening(self) -> bool:
+        """Whether this beat's LISTEN connection is known to work now (its notifications arrive)."""
+        return self._listener is not None and self._listener.listening
+
+    @property
+    def _polling(self) -> bool:
+        """Whether changes must be looked for (SQLite, or while LISTEN is down) rather than heard."""
+        return self.store.is_sqlite_like or not self._listening()
+
+    def _must_tick(self, now: datetime, mono: float) -> bool:
+        """Whether a tick transaction can find anything to do.
+
+        On PostgreSQL every change that can make a schedule due sooner (a settle, a trigger, a
+        pause, resume, add or update) sends a notification; without one since the last tick,
+        nothing is due before the due time that tick saw, and an idle beat stays off the
+        database. A look every minute whatever is the backstop.
+        """
+        if self._polling or self._stale or mono >= self._next_full_look_at:
+            self._next_full_look_at = mono + FULL_LOOK_EVERY
+            return True
+        return self._known_due is not None and self._known_due <= now
+
+    def _tick_ahead(self, result: TickResult | None, wait: float) -> bool:
+        """Prepare the next tick if it falls due within ``wait`` (:mod:`.prepared`).
+
+        Sleeps until ``prepare_ahead`` before the due time, prepares, and at the due time
+        commits and publishes. Returns whether it took the wait over: then the beat looks again
+        at once (for the due schedules that were not certain enough to prepare).
+        """
+        ahead = self._ahead
+        due = None if result is None else result.next_due_at
+        if ahead is None or due is None or ahead.lead <= 0:
+            return False
+        until = (due - utcnow()).total_seconds()
+        if until <= 0 or until - ahead.lead > wait:
+            return False
+        if until > ahead.lead and self._wake.wait(until - ahead.lead):
+            self._wake.clear()  # something changed meanwhile: look again first
+            return True
+        try:
+            prepared, failed = self._run_ahead(ahead, due)
+        except Exception as exc:
+            self._failed("prepared tick", exc, utcnow())
+            return True
+        if prepared is None:
+            # Never longer than the beat's own wait: a clock stepped back must not stall it.
+            self._wait(min(wait, max(0.0, (due - utcnow()).total_seconds())))
+            return True
+        self._prepared_done(prepared, failed, due)
+        return True
+
+    def _tick_late(self, now: datetime) -> bool:
+        """Tick what fell due before this look the way a prepared tick is published.
+
+        A beat that is behind (its first look, which finds every new schedule due, or a
+        tick too large to prepare in its lead) would otherwise commit the runs and leave
+        them to the dispatcher loop, which claims them again and publishes them at about
+        two thirds of the speed: each tick after the first then fell due before the beat was
+        ready for it, and the beat took several ticks to catch up. Only the certain part is
+        claimed this way (:func:`.prepared.certain`); the tick that follows decides the rest.
+        Returns whether it ticked.
+        """
+        ahead = self._ahead
+        late = self._known_due is not None and self._known_due <= now
+        if ahead is None or not (late or self._first_look):
+            return False
+        self._first_look = False
+        try:
+            prepared, failed = self._run_ahead(ahead, now)
+        except Exception as exc:
+            self._failed("prepared tick", exc, now)
+            return False  # the regular tick does the work
+        if prepared is None:
+            return False
+        self._prepared_done(prepared, failed, now)
+        return True
+
+    def _run_ahead(self, ahead: AheadTicker, due: datetime) -> tuple[TickResult | None, bool]:
+        """``ahead.run(due)``, and the close a signal handler asked for meanwhile, then SystemExit.
+
+        The handler's own SystemExit normally ends the tick and Celery's beat closes after it;
+        closing here too stops the beat even when an error raised while the tick unwound (a
+        rollback on an interrupted connection) took the SystemExit's place.
+        """
+        try:
+            return ahead.run(due, sorted(self._failing_rows))
+        finally:
+            if self._close_deferred:
+                self._close_deferred = False
+                self._close_now()
+                raise SystemExit()
+
+    def _prepared_done(self, prepared: TickResult, failed: bool, due: datetime) -> None:
+        """After a tick committed and published by :class:`~.ahead.AheadTicker`."""
+        self._succeeded("prepared tick")
+        # The rest due at ``due`` is looked at now, by a regular tick that sets the due time.
+        self._stale = self._runs_may_be_active = True
+        self._known_due = None
+        self._log_tick(prepared)
+        send_signals(on_ticked(prepared.outcomes, due))
+        if failed and self._dispatch_loop is not None:
+            self._dispatch_loop.wake()
+
+    def _reconcile(self) -> bool:
+        """Once per lease taken: bring the schedule rows in line with ``beat_schedule``.
+
+        Only the holder writes schedule rows, so a standby started with another config (an
+        older release during a rolling deploy) changes nothing, and two beats starting at
+        once on an empty database never both insert the same rows. Nothing is emitted before
+        the rows match this beat's config.
+        """
+        if self._reconciled:
+            return True
+        now = utcnow()
+        try:
+            report = self.store.sync_config(self._config.values(), now, self._rng)
+        except Exception as exc:
+            self._failed("reconcile", exc, now)
+            return False
+        self._succeeded("reconcile")
+        self._reconciled = True
+        logger.info(
+            "celery_boundedbeat: %s reconciled %d schedule(s) from beat_schedule",
+            self.lease.holder,
+            len(self._config),
+        )
+        for name in (*report.changed, *report.removed):
+            self.resolver.forget(name)
+        return True
+
+    def _emit_due(self, now: datetime) -> TickResult | None:
+        """The tick proper: every due schedule in one transaction (``None`` if it failed)."""
+        try:
+            result = self.store.tick(
+                self.resolver,
+                now,
+                self._rng,
+                self.settings.tick_batch_size,
+                expires_after=self.settings.start_timeout,
+            )
+        except Exception as exc:
+            self._tick_failures += 1
+            self._failed("tick", exc, now)
+            return None
+        self._tick_failures = 0
+        self._succeeded("tick")
+        return result
+
+    def _sweep_definitions(self, now: datetime) -> None:
+        """Drop the cached definitions of schedules that no longer exist, once the cache has grown.
+
+        A removal's notification only drops its copy when it arrives (never on SQLite); a
+        beat that lives for months through per-tenant churn would otherwise keep every
+        schedule it ever ran. After each tick, a cache grown by :func:`~.definitions.sweep_slack`
+        since the last sweep is swept against the schedule names (one index-only read): it
+        holds at most the schedules present at the last sweep plus that slack.
+        """
+        resolver = self.resolver
+        if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
+            return
+        try:
+            live = self.store.schedule_names()
+        except Exception as exc:
+            self._failed("definition sweep", exc, now)
+            return
+        resolver.keep_only(live)
+        self._failing_rows.intersection_update(live)  # a set-aside schedule removed meanwhile
+        self._swept_size, self._swept_live = len(resolver), len(live)
+
+    def _terminate_replaced(self, run_ids: list[str]) -> None:
+        """Ask the workers to terminate the runs a committed tick replaced (``replace``).
+
+        The rows are settled already; a worker that cannot terminate (threads, solo) or never
+        hears this lets the task finish, and its late outcome changes nothing.
+        """
+        if not run_ids:
+            return
+        logger.info("celery_boundedbeat: replaced %d active run(s): %s", len(run_ids), ", ".join(run_ids))
+        try:
+            self.app.control.revoke(run_ids, terminate=True)
+        except Exception as exc:  # a broker hiccup: the runs are settled, only the tasks go on
+            logger.warning(
+                "celery_boundedbeat: could not ask the workers to terminate replaced run(s) %s (%s: %s)",
+                ", ".join(run_ids),
+                type(exc).__name__,
+                exc,
+            )
+
+    def _housekeep(self, mono: float, now: datetime) -> None:
+        """The leader's periodic chores: the reaper, the alert signals, silent workers' rows."""
+        if mono >= self._next_reap_at:
+            self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
+            backstop = mono >= self._next_full_reap_at
+            if backstop:
+                self._next_full_reap_at = mono + FULL_LOOK_EVERY
+            if mono >= self._reap_not_before and (self._runs_may_be_active or backstop):
+                self._reap(now)
+            if self._alerts_may_wait or self._polling or backstop:
+                self._send_alerts(now)
+        if mono >= self._next_housekeeping_at:
+            self._next_housekeeping_at = mono + self.retention_every
+            silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
+            try:
+                self.store.forget_silent_workers(now - timedelta(seconds=silent))
+            except Exception as exc:
+                self._failed("worker row cleanup", exc, now)
+
+    def _send_alerts(self, now: datetime) -> None:
+        """Send the alert signals settles wrote (workers' and the reaper's), once each."""
+        self._alerts_may_wait = False  # before the read: a settle noticed meanwhile sets it again
+        try:
+            alerts = self.store.take_alerts()
+        except Exception as exc:
+            self._alerts_may_wait = True
+            self._failed("alerts", exc, now)
+            return
+        self._succeeded("alerts")
+        if len(alerts) >= TAKE_BATCH:
+            self._alerts_may_wait = True  # a full batch: more may wait
+        send_signals(alerts)
+
+    def _run_retention(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
+        """Retention passes every ``retention_interval`` while this beat holds the lease."""
+        outage = OutageLog(logger, "retention purge")
+        while not shutdown.is_set():
+            wait = self.settings.retention_interval
+            if self.lease.acting():
+                run_recorded_iteration(
+                    "retention purge", lambda: self._purge(shutdown), logger, self._recorder.record, outage
+                )
+            else:
+                wait = min(wait, self.settings.lease_renew_interval)
+            wakeup.wait(wait)
+            wakeup.clear()
+
+    def _purge(self, shutdown: threading.Event) -> Iteration:
+        """One pass (:func:`~.retention.purge_pass`), stopped between batches by shutdown or the lease."""
+        purged = purge_pass(
+            self.store.engine,
+            utcnow(),
+            retention_days=self.settings.retention_days,
+            may_go=lambda: not shutdown.is_set() and self.lease.acting(),
+        )
+        if purged.total:
+            logger.info(
+                "celery_boundedbeat: retention deleted %d run(s): %d by keep_runs, %d by keep_for, "
+                "%d by boundedbeat_retention_days",
+                purged.total,
+                purged.by_count,
+                purged.by_age,
+                purged.global_age,
+            )
+        return Iteration(has_activity=purged.total > 0)
+
+    def _next_wait(self, result: TickResult | None, wait: float) -> float:
+        """Seconds until the next reason to look: a due schedule, the lease, the reaper."""
+        if result is not None and result.next_due_at is not None:
+            until_due = (result.next_due_at - utcnow()).total_seconds()
+            if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
+                until_due = 0
+            elif not result.emitted and result.now is not None and result.next_due_at <= result.now:
+                until_due = wait  # still due after a tick that looked at it: do not spin
+            # A row due after the tick's ``now`` fell due while it ran: look again at once.
+            wait = min(wait, max(until_due, 0.0))
+        return min(wait, self.lease.seconds_to_next_look(), max(self._next_reap_at - time.monotonic(), 0.0))
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until ``seconds`` pass or a completion / trigger notice wakes the beat."""
+        if seconds > 0:
+            self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _log_tick(self, result: TickResult) -> None:
+        for name, error in result.failed.items():
+            if name not in self._failing_rows:
+                self._failing_rows.add(name)
+                logger.error(
+                    "celery_boundedbeat: schedule %r is not run: its tick failed (%s); it is set aside "
+                    "and retried every minute, every other schedule goes on",
+                    name,
+                    error,
+                )
+        for name in self._failing_rows & result.outcomes.keys():
+            self._failing_rows.discard(name)
+            logger.warning("celery_boundedbeat: schedule %r ticks again", name)
+        for run in result.emitted:
+            logger.info(
+                "celery_boundedbeat: emitted %s run %s (scheduled for %s, drift %d ms%s)",
+                run.schedule,
+                run.id,
+                run.scheduled_for.isoformat(),
+                run.drift_ms,
+                ", overlapping" if run.overlap else "",
+            )
+        for name, outcome in result.outcomes.items():
+            if outcome.busy_skipped:
+                logger.info(
+                    "celery_boundedbeat: %s skipped %d tick(s): every slot busy", name, outcome.busy_skipped
+                )
+            if outcome.window_dropped:
+                logger.info(
+                    "celery_boundedbeat: %s dropped %d tick(s) found past catchup_window",
+                    name,
+                    outcome.window_dropped,
+                )
+            if outcome.buffer_dropped:
+                logger.info(
+                    "celery_boundedbeat: %s dropped %d tick(s) from its pending buffer",
+                    name,
+                    outcome.buffer_dropped,
+                )
+            if outcome.coalesced:
+                logger.info("celery_boundedbeat: %s coalesced missed ticks into one pending run", name)
+
+    def _reap(self, now: datetime) -> None:
+        try:
+            if not self.store.has_active_runs():
+                # Only this beat's ticks make runs active: nothing to reap until it emits again.
+                self._runs_may_be_active = False
+                self._succeeded("reap")
+                return
+            settled = self.store.reap(
+                now,
+                heartbeat_interval=self.settings.heartbeat_interval,
+                start_timeout=self.settings.start_timeout,
+                rng=self._rng,
+            )
+        except Exception as exc:
+            self._failed("reap", exc, now)
+            return
+        self._succeeded("reap")
+        if settled:
+            self._alerts_may_wait = True  # a lost or timed-out run may have left an alert
+        for run in settled:
+            logger.warning(
+                "celery_boundedbeat: run %s of %s settled %s by the reaper",
+                run.run_id,
+                run.schedule,
+                run.state.value,
+            )
+
+    # -- recorded iterations ---------------------------------------------------------------
+
+    def _failed(self, loop: str, exc: BaseException, started: datetime) -> None:
+        """One failed iteration of ``loop``: the recorder logs and keeps it; the loop goes on."""
+        self._recorder.failed(loop, exc, started.timestamp())
+
+    def _succeeded(self, loop: str) -> None:
+        """An iteration of ``loop`` reached the database; after an outage, hold the reaper back."""
+        down = self._recorder.succeeded(loop)
+        if down is None:
+            return
+        grace = reaper_grace(down, self.settings.heartbeat_interval)
+        if grace <= 0:
+            return
+        self._reap_not_before = time.monotonic() + grace
+        logger.warning(
+            "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "
+            "%g s for workers to report the runs that ended meanwhile",
+            down,
+            grace,
+        )
+
+    def _write_record(self, record: IterationRecord) -> None:
+        """The recorder's writer: one ``boundedbeat_iterations`` row, signed by this beat."""
+        self.store.record_iteration(
+            record.name,
+            self.lease.holder,
+            datetime.fromtimestamp(record.started_at, UTC),
+            datetime.fromtimestamp(record.finished_at, UTC),
+            None if record.error is None else clip_error(record.error),
+        )
+
+    # -- leader lease ---------------------------------------------------------------------
+
+    def _keep_lease(self) -> bool:
+        """Renew the lease when due, log and act on what changed; whether this beat may act."""
+        turn = self.lease.keep()
+        if turn.renewal_started is not None:
+            if turn.error is not None:
+                self._failed("lease renewal", turn.error, turn.renewal_started)
+            else:
+                self._succeeded("lease renewal")
+        for event in turn.events:
+            self._on_lease_event(event, turn)
+        return turn.acting
+
+    def _on_lease_event(self, event: LeaseEvent, turn: LeaseTurn) -> None:
+        holder = self.lease.holder
+        if event is not LeaseEvent.STANDING_BY:
+            self._reconciled = False  # the next holder term starts with a reconcile
+        if event is LeaseEvent.GAINED:
+            # Another beat's runs and changes made before this term: look at everything once.
+            self._stale = self._runs_may_be_active = self._alerts_may_wait = True
+            self._first_look = True
+            logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
+            if self._dispatch_loop is not None:
+                self._dispatch_loop.wake()
+            if self._retention_loop is not None:
+                self._retention_loop.wake()  # a pass as soon as this beat leads
+        elif event is LeaseEvent.TAKEN:
+            logger.warning("celery_boundedbeat: another beat took the beat lease; standing by")
+        elif event is LeaseEvent.STANDING_BY:
+            logger.info(
+                "celery_boundedbeat: %s is standing by; the beat lease is held by %s",
+                holder,
+                turn.other_holder or "another beat",
+            )
+        elif event is LeaseEvent.EXPIRED:
+            logger.warning(
+                "celery_boundedbeat: could not renew the beat lease in time; stopped scheduling "
+                "%g s before it can expire; standing by",
+                self.settings.lease_renew_interval,
+            )
+
+    # -- shutdown and banner ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the dispatcher and listener, give up the lease so a standby takes over at once."""
+        if self._closed:
+            return
+        if self._ticking == threading.get_ident() or (self._ahead is not None and self._ahead.running_here()):
+            # A signal handler (Celery's SIGTERM handler) that interrupted a pass of this beat
+            # in this thread: the SystemExit it raises next unwinds the pass, which rolls back
+            # its transaction (a prepared tick records what the broker took and gives back the
+            # rest), with no row left locked; the close follows (:meth:`tick`, :meth:`_run_ahead`).
+            self._close_deferred = True
+            return
+        self._close_now()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        grace = self.settings.shutdown_grace if self._settings else 1.0
+        if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
+            logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
+        elif self._dispatcher is not None:
+            self._last_drain(self._dispatcher, grace)
+        if self._retention_loop is not None and not self._retention_loop.stop(grace):
+            logger.warning("celery_boundedbeat: retention did not stop within %g s; abandoning it", grace)
+        if self._listener is not None:
+            self._listener.stop()
+        if self._metrics is not None:
+            self._metrics.stop()
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except Exception:
+                logger.debug("celery_boundedbeat: could not release the lease", exc_info=True)
+        super().close()
+
+    def _last_drain(self, dispatcher: Dispatcher, grace: float) -> None:
+        """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
+
+        A tick committed just before SIGTERM would otherwise wait in the queue for the next
+        beat or dispatcher; the rows a prepared tick's interrupted publish gave back (the ones
+        the broker had not taken) are published here. The drain runs in a daemon thread so a
+        broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
+        A beat that no longer holds the lease publishes nothing (the dispatcher's ``may_run``).
+        """
+        stop = threading.Event()
+        drain = threading.Thread(
+            target=lambda: dispatcher.drain(stop), name="boundedbeat-last-drain", daemon=True
+        )
+        drain.start()
+        drain.join(grace)
+        stop.set()  # a drain still going stops after its current batch
+        if drain.is_alive():
+            logger.warning(
+                "celery_boundedbeat: the last drain did not end within %g s; the rest stays queued", grace
+            )
+
+    def sync(self) -> None:
+        """Nothing to flush: every state change is already committed."""
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def info(self) -> str:
+        settings = self.settings
+        lines = [
+            f"database -> {mask_url(settings.database_url)}",
+            ". dispatcher -> "
+            + ("in beat" if settings.dispatch_enabled else "external (boundedbeat dispatch)"),
+            f". entries -> {len(self.app.conf.beat_schedule or {})}",
+        ]
+        return "\n".join(lines)

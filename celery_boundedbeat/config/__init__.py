@@ -1,0 +1,1 @@
+"""Settings and schedule entries read from Celery's configuration, validated into specs."""

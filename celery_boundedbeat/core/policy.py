@@ -1,0 +1,353 @@
+"""What a schedule entry may ask for: the policy value and its validation.
+
+Pure: validation collects every problem (entry, key, reason) so one failed start shows the
+user everything to fix; nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from enum import Enum
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .enums import MissedTicks, Mode
+
+POLICY_KEYS = frozenset(
+    {
+        "mode",
+        "missed_ticks",
+        "max_pending",
+        "max_concurrency",
+        "initial_delay",
+        "max_run_time",
+        "jitter",
+        "end_at",
+        "max_runs",
+        "catchup_window",
+        "pause_on_failure",
+        "keep_runs",
+        "keep_for",
+        "timezone",
+    }
+)
+#: Retention keys, stored only when set: a schedule without them keeps the digest it had
+#: before they existed, so an upgrade does not count every config schedule as changed.
+RETENTION_KEYS = ("keep_runs", "keep_for")
+#: Keys added after schedules were first stored, written only when set for the same reason as
+#: the retention keys.
+OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone", "catchup_window")
+
+Problem = tuple[str, str, str]
+
+_E = TypeVar("_E", bound=Enum)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Policy:
+    """A validated per-schedule policy (docs/policies.md)."""
+
+    mode: Mode = Mode.FIXED_RATE_NO_OVERLAP
+    missed_ticks: MissedTicks = MissedTicks.SKIP
+    max_pending: int | None = None
+    max_concurrency: int | None = None
+    initial_delay: float = 0.0
+    max_run_time: float | None = None
+    jitter: float | None = None
+    #: No grid run scheduled after this instant is emitted (aware UTC).
+    end_at: datetime | None = None
+    #: At most this many runs from the grid (triggers do not count).
+    max_runs: int | None = None
+    #: Grid ticks found more than this many seconds after their time are dropped, whatever
+    #: ``missed_ticks`` says (``None``: every passed tick goes to ``missed_ticks``).
+    catchup_window: float | None = None
+    #: Pause after this many consecutive failed, timed-out or lost runs.
+    pause_on_failure: int | None = None
+    #: Retention: keep at most this many settled runs of the schedule in the history.
+    keep_runs: int | None = None
+    #: Retention: delete settled runs finished longer ago than this many seconds (instead of
+    #: the global ``boundedbeat_retention_days``).
+    keep_for: float | None = None
+    #: The IANA zone a crontab keeps wall-clock time in; ``None``: the app's ``timezone``.
+    timezone: str | None = None
+
+    @property
+    def limit(self) -> int:
+        """How many runs of this schedule may be active at once."""
+        if self.mode is Mode.FIXED_RATE:
+            assert self.max_concurrency is not None
+            return self.max_concurrency
+        return 1
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with the contract's key names (optional keys only when set)."""
+        data: dict[str, Any] = {
+            "mode": self.mode.value,
+            "missed_ticks": self.missed_ticks.value,
+            "max_pending": self.max_pending,
+            "max_concurrency": self.max_concurrency,
+            "initial_delay": self.initial_delay,
+            "max_run_time": self.max_run_time,
+            "jitter": self.jitter,
+            "end_at": None if self.end_at is None else self.end_at.isoformat(),
+            "max_runs": self.max_runs,
+            "pause_on_failure": self.pause_on_failure,
+        }
+        for key in OPTIONAL_KEYS:
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Policy:
+        """Inverse of :meth:`to_json` for rows this package wrote itself."""
+        return cls(
+            mode=Mode(data["mode"]),
+            missed_ticks=MissedTicks(data["missed_ticks"]),
+            max_pending=data.get("max_pending"),
+            max_concurrency=data.get("max_concurrency"),
+            initial_delay=float(data.get("initial_delay") or 0.0),
+            max_run_time=data.get("max_run_time"),
+            jitter=data.get("jitter"),
+            end_at=None if data.get("end_at") is None else datetime.fromisoformat(data["end_at"]),
+            max_runs=data.get("max_runs"),
+            catchup_window=data.get("catchup_window"),
+            pause_on_failure=data.get("pause_on_failure"),
+            keep_runs=data.get("keep_runs"),
+            keep_for=data.get("keep_for"),
+            timezone=data.get("timezone"),
+        )
+
+    @property
+    def ends(self) -> bool:
+        """Whether the schedule has an end (``end_at`` or ``max_runs``)."""
+        return self.end_at is not None or self.max_runs is not None
+
+
+def _seconds(value: Any) -> float | None:
+    """Seconds from a number or timedelta; ``None`` when the type is wrong."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return float(value)
+    return None
+
+
+@dataclass(slots=True)
+class _Reader:
+    """Reads the keys of one merged policy, collecting problems in the order they are found."""
+
+    entry: str
+    merged: Mapping[str, Any]
+    problems: list[Problem] = field(default_factory=list)
+
+    def problem(self, key: str, reason: str) -> None:
+        self.problems.append((self.entry, key, reason))
+
+    def choice(self, key: str, enum: type[_E], default: _E) -> _E | None:
+        """One enum member by its contract string (``mode``, ``missed_ticks``)."""
+        raw = self.merged.get(key, default.value)
+        try:
+            return enum(raw)
+        except ValueError:
+            known = ", ".join(m.value for m in enum)
+            self.problem(f"policy.{key}", f"unknown {key} {raw!r} (use {known})")
+            return None
+
+    def positive_int(self, key: str) -> int | None:
+        """A bound such as ``max_pending``: an int >= 1 (a bool is not an int here)."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(f"policy.{key}", f"must be an integer >= 1, got {value!r}")
+            return None
+        if value < 1:
+            self.problem(f"policy.{key}", f"must be >= 1, got {value}")
+            return None
+        return value
+
+    def instant(self, key: str) -> datetime | None:
+        """An aware datetime, or an ISO 8601 string with a UTC offset (``end_at``)."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                self.problem(f"policy.{key}", f"must be an ISO 8601 time with a UTC offset, got {value!r}")
+                return None
+        if not isinstance(value, datetime):
+            self.problem(f"policy.{key}", f"must be an aware datetime or ISO 8601 string, got {value!r}")
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            self.problem(f"policy.{key}", f"must carry a time zone (an aware datetime), got {value!r}")
+            return None
+        return value.astimezone(UTC)
+
+    def duration(self, key: str, *, allow_zero: bool) -> float | None:
+        """Seconds from a number or a timedelta, finite and not negative."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        seconds = _seconds(value)
+        if seconds is None:
+            self.problem(f"policy.{key}", f"must be seconds (number) or a timedelta, got {value!r}")
+            return None
+        if seconds < 0 or (seconds == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            self.problem(f"policy.{key}", f"must be {bound} seconds, got {value!r}")
+            return None
+        return seconds
+
+    def zone(self, key: str) -> str | None:
+        """An IANA time zone name (or a zone object that has one), checked against the zone database."""
+        value = self.merged.get(key)
+        if value is None:
+            return None
+        if isinstance(value, tzinfo):  # a ZoneInfo (or a pytz zone) stands for its name
+            value = getattr(value, "key", None) or getattr(value, "zone", None) or value
+        if not isinstance(value, str):
+            self.problem(
+                f"policy.{key}", f"must be an IANA time zone name (such as 'Europe/Berlin'), got {value!r}"
+            )
+            return None
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            self.problem(
+                f"policy.{key}", f"unknown time zone {value!r} (use an IANA name such as 'Europe/Berlin')"
+            )
+            return None
+        return value
+
+
+def _check_timezone(read: _Reader, own: Mapping[str, Any], kind: str) -> str | None:
+    """A zone is for calendar schedules: an interval runs on elapsed time, not the wall clock.
+
+    Only the entry's own key is refused on an interval; a ``timezone`` in the default policy
+    is meant for the calendar schedules and does not apply to the others.
+    """
+    if kind == "interval" and own.get("timezone") is not None:
+        read.problem(
+            "policy.timezone",
+            "is only for crontab and solar schedules (an interval runs on elapsed time, not the wall clock)",
+        )
+        return None
+    zone = read.zone("timezone")  # a default's zone is checked even where it does not apply
+    return zone if kind != "interval" else None
+
+
+def _check_concurrency(read: _Reader, mode: Mode | None) -> None:
+    """``max_concurrency`` belongs to ``fixed_rate`` alone, which cannot do without it."""
+    given = read.merged.get("max_concurrency") is not None
+    if mode is Mode.FIXED_RATE:
+        if not given:
+            read.problem("policy.max_concurrency", "is required (int >= 1) with mode 'fixed_rate'")
+    elif mode is not None and given:
+        read.problem("policy.max_concurrency", f"is only allowed with mode 'fixed_rate', not {mode.value!r}")
+
+
+def _check_pending(read: _Reader, missed: MissedTicks | None) -> None:
+    """``max_pending`` belongs to ``catch_up`` alone, which cannot do without it."""
+    given = read.merged.get("max_pending") is not None
+    if missed is MissedTicks.CATCH_UP:
+        if not given:
+            read.problem("policy.max_pending", "is required (int >= 1) with missed_ticks 'catch_up'")
+    elif missed is not None and given:
+        read.problem(
+            "policy.max_pending", f"is only allowed with missed_ticks 'catch_up', not {missed.value!r}"
+        )
+
+
+def _check_fixed_delay(read: _Reader, mode: Mode | None, missed: MissedTicks | None, kind: str) -> None:
+    """Fixed delay has no grid: no missed ticks to handle and no calendar to follow."""
+    if mode is not Mode.FIXED_DELAY:
+        return
+    if missed is not None and missed is not MissedTicks.SKIP:
+        read.problem("policy.missed_ticks", f"must stay 'skip' with mode 'fixed_delay', got {missed.value!r}")
+    if kind != "interval":
+        read.problem("schedule", f"mode 'fixed_delay' needs a number or timedelta schedule, not a {kind}")
+    if read.merged.get("catchup_window") is not None:
+        read.problem(
+            "policy.catchup_window",
+            "is not allowed with mode 'fixed_delay' (it has no grid: a late due time runs once)",
+        )
+
+
+def _check_window(read: _Reader, window: float | None, jitter: float | None) -> None:
+    """A window within the jitter would drop ticks that are late only because jitter delayed them."""
+    if window is not None and jitter is not None and window <= jitter:
+        read.problem(
+            "policy.catchup_window",
+            f"must be longer than jitter ({jitter:g} s), or jittered ticks would be dropped on time, "
+            f"got {window:g}",
+        )
+
+
+def parse_policy(
+    entry: str,
+    raw: Any,
+    default: Mapping[str, Any] | None = None,
+    *,
+    schedule_kind: str = "interval",
+) -> tuple[Policy | None, list[Problem]]:
+    """Merge ``raw`` over ``default`` and validate; returns the policy or every problem.
+
+    ``schedule_kind`` is ``"interval"`` for numbers and timedeltas, anything else
+    (``"crontab"``, ``"solar"``) for calendar schedules, which cannot be fixed-delay.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        return None, [(entry, "policy", f"must be a dict, got {type(raw).__name__}")]
+    merged: dict[str, Any] = dict(default or {})
+    merged.update(raw)
+    read = _Reader(entry, merged)
+    for key in sorted(set(merged) - POLICY_KEYS):
+        read.problem(f"policy.{key}", f"unknown policy key (known: {', '.join(sorted(POLICY_KEYS))})")
+    mode = read.choice("mode", Mode, Mode.FIXED_RATE_NO_OVERLAP)
+    missed = read.choice("missed_ticks", MissedTicks, MissedTicks.SKIP)
+    max_pending = read.positive_int("max_pending")
+    max_concurrency = read.positive_int("max_concurrency")
+    initial_delay = read.duration("initial_delay", allow_zero=True) or 0.0
+    max_run_time = read.duration("max_run_time", allow_zero=False)
+    jitter = read.duration("jitter", allow_zero=True)
+    end_at = read.instant("end_at")
+    max_runs = read.positive_int("max_runs")
+    catchup_window = read.duration("catchup_window", allow_zero=False)
+    pause_on_failure = read.positive_int("pause_on_failure")
+    keep_runs = read.positive_int("keep_runs")
+    keep_for = read.duration("keep_for", allow_zero=False)
+    timezone = _check_timezone(read, raw, schedule_kind)
+    _check_concurrency(read, mode)
+    _check_pending(read, missed)
+    _check_fixed_delay(read, mode, missed, schedule_kind)
+    _check_window(read, catchup_window, jitter)
+    if read.problems or mode is None or missed is None:
+        return None, read.problems
+    policy = Policy(
+        mode=mode,
+        missed_ticks=missed,
+        max_pending=max_pending,
+        max_concurrency=max_concurrency,
+        initial_delay=initial_delay,
+        max_run_time=max_run_time,
+        jitter=jitter,
+        end_at=end_at,
+        max_runs=max_runs,
+        catchup_window=catchup_window,
+        pause_on_failure=pause_on_failure,
+        keep_runs=keep_runs,
+        keep_for=keep_for,
+        timezone=timezone,
+    )
+    return policy, []

@@ -1,0 +1,1 @@
+"""The SQL floor every process stands on: tables, migrations, the store's transactions, the lease."""

@@ -1,0 +1,1 @@
+"""The dispatcher: drains the database queue to the broker (runs inside beat, or on its own)."""

@@ -1,0 +1,1 @@
+"""What operators read: the health probe and the metrics snapshot."""
