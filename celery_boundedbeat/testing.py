@@ -33,9 +33,10 @@ import pytest
 
 from .config.entries import validate_entries
 from .config.settings import Settings
+from .core.due import on_due
 from .core.enums import Mode, RunState
 from .core.spec import EntrySpec
-from .core.ticks import ScheduleState, TickOutcome, first_state, on_due, on_settle
+from .core.ticks import ScheduleState, TickOutcome, first_state, on_settle
 
 __all__ = ["DEFAULT_START", "EventKind", "Timeline", "TimelineEvent", "boundedbeat_simulate", "simulate"]
 

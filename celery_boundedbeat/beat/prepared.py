@@ -32,8 +32,9 @@ from typing import Any, cast
 from sqlalchemy import Table, text
 from sqlalchemy.orm import Session
 
+from ..core.due import on_due
 from ..core.spec import EntrySpec
-from ..core.ticks import ScheduleState, TickOutcome, on_due
+from ..core.ticks import ScheduleState, TickOutcome
 from ..db.bulk import insert_many
 from ..db.claims import Claimed
 from ..db.locked import TICK_LEAVES_OUT, hold_pg, prefetch_definitions, write_changed

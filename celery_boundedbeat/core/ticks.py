@@ -3,15 +3,14 @@
 Every event a schedule sees (first sight, due time, settle, trigger, resume, a changed
 config entry) is one pure function of the policy, the state and ``now`` that returns the
 next state. The store only loads a row, calls one of these and writes the result back, so
-every decision is tested with a fake clock.
+every decision is tested with a fake clock. The due time, the biggest event, has a module of
+its own (:mod:`~celery_boundedbeat.core.due`); the state values it works on live here.
 """
 
 from __future__ import annotations
 
 import random
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from .enums import MissedTicks, Mode, RunState, StopReason
@@ -36,8 +35,9 @@ A wide ``fixed_rate`` bound would otherwise turn a long backfill into one huge t
 transaction; the rest start in the ticks right after (the schedule stays due meanwhile).
 """
 
+
 #: The database's time resolution: the smallest step that keeps two ``scheduled_for`` apart.
-_MICROSECOND = timedelta(microseconds=1)
+MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,7 +150,7 @@ class TickOutcome:
         return self.skipped - self.window_dropped - self.buffer_dropped
 
 
-def _ms(delta: timedelta) -> int:
+def ms(delta: timedelta) -> int:
     return max(0, int(delta.total_seconds() * 1000))
 
 
@@ -183,315 +183,7 @@ def initial_state(policy: Policy, timing: Timing, now: datetime, rng: random.Ran
     return ScheduleState(grid_at=grid, next_due_at=grid + jitter_delay(policy, timing.gap(grid), rng))
 
 
-@dataclass(kw_only=True, slots=True)
-class _Due:
-    """The working copy of one :func:`on_due` call: frozen state in, frozen outcome out.
-
-    Mutable on purpose: starting a run, moving the grid and counting skips each touch a few
-    of these fields, and one object keeps the per-mode helpers short.
-    """
-
-    policy: Policy
-    now: datetime
-    active: int
-    pending: list[datetime]
-    triggers: list[datetime]
-    backfill: list[datetime]
-    overlaps: int
-    skips: int
-    drift: int | None
-    grid_at: datetime | None
-    next_due: datetime | None
-    grid_runs: int = 0
-    backfilled: int = 0
-    #: Active runs the store could revoke for ``replace`` (it found and locked them).
-    revocable: int = 0
-    emit: list[Emission] = field(default_factory=list)
-    skipped: int = 0
-    coalesced: bool = False
-    ticks: int = 0
-    window_dropped: int = 0
-    buffer_dropped: int = 0
-    revoke: int = 0
-
-    @classmethod
-    def of(cls, policy: Policy, state: ScheduleState, now: datetime, revocable: int = 0) -> _Due:
-        return cls(
-            policy=policy,
-            now=now,
-            active=state.active_runs,
-            pending=list(state.pending),
-            triggers=list(state.triggers),
-            backfill=list(state.backfill),
-            overlaps=state.overlaps,
-            skips=state.skips,
-            drift=state.last_drift_ms,
-            grid_at=state.grid_at,
-            next_due=state.next_due_at,
-            grid_runs=state.grid_runs,
-            revocable=revocable,
-        )
-
-    def has_slot(self) -> bool:
-        return self.active < self.policy.limit
-
-    def grid_room(self) -> int:
-        """Grid runs ``max_runs`` still allows (triggers never count)."""
-        if self.policy.max_runs is None:
-            return 1 << 62
-        return max(self.policy.max_runs - self.grid_runs, 0)
-
-    def reserve(self, scheduled_for: datetime, *, triggered: bool = False, backfilled: bool = False) -> None:
-        """Take a slot for a run of ``scheduled_for`` (an overlap if another is active)."""
-        overlap = self.active > 0
-        self.overlaps += int(overlap)
-        self.active += 1
-        self.grid_runs += int(not triggered and not backfilled)
-        drift_ms = _ms(self.now - scheduled_for)
-        self.emit.append(
-            Emission(
-                scheduled_for=scheduled_for,
-                drift_ms=drift_ms,
-                overlap=overlap,
-                triggered=triggered,
-                backfilled=backfilled,
-            )
-        )
-
-    def start_backfill(self) -> None:
-        """Backfilled grid times take the slots left, oldest first, at most ``BACKFILL_PER_TICK``."""
-        while self.backfill and self.has_slot() and self.backfilled < BACKFILL_PER_TICK:
-            self.backfilled += 1
-            self.reserve(self.backfill.pop(0), backfilled=True)
-
-    def start_waiting(self, *, backfill: bool = True) -> None:
-        """Waiting runs take the free slots: queued triggers first, then pending ticks, oldest first.
-
-        Triggers go first because ``trigger`` promises a run at the next free slot: behind a
-        ``catch_up`` backlog it would wait up to ``max_pending`` runs. Pending ticks lose at most
-        :data:`MAX_QUEUED_TRIGGERS` slots to them, and keep their grid time as ``scheduled_for``.
-        Backfilled times come last, and after the live grid ticks (``backfill=False`` before
-        those): a backfill fills the past without pushing the schedule's own runs aside.
-        """
-        while self.triggers and self.has_slot():
-            self.reserve(self.triggers.pop(0), triggered=True)
-        while self.pending and self.has_slot() and self.grid_room():
-            self.reserve(self.pending.pop(0))
-        if backfill:
-            self.start_backfill()
-
-    def dodge(self, is_tick: Callable[[datetime], bool]) -> None:
-        """Move a queued trigger that shares a grid tick's time 1 µs later.
-
-        ``(schedule, scheduled_for)`` is unique: a trigger made at the very microsecond of a
-        tick the beat had not handled yet would otherwise collide with that tick's run.
-        """
-        for i, at in enumerate(self.triggers):
-            taken = {*self.triggers[:i], *self.triggers[i + 1 :], *self.pending, *self.backfill}
-            while is_tick(at) or at in taken:
-                at += _MICROSECOND
-            self.triggers[i] = at
-
-    def outcome(self, state: ScheduleState) -> TickOutcome:
-        new = replace(
-            state,
-            active_runs=self.active,
-            pending=tuple(self.pending),
-            triggers=tuple(self.triggers),
-            backfill=tuple(self.backfill),
-            grid_at=self.grid_at,
-            next_due_at=self.next_due,
-            overlaps=self.overlaps,
-            skips=self.skips,
-            last_drift_ms=self.drift,
-            grid_runs=self.grid_runs,
-            busy_skips=state.busy_skips + self.skipped - self.window_dropped - self.buffer_dropped,
-            window_drops=state.window_drops + self.window_dropped,
-            buffer_drops=state.buffer_drops + self.buffer_dropped,
-            replaced=state.replaced + self.revoke,
-            failures=state.failures + self.revoke,
-        )
-        return TickOutcome(
-            state=new,
-            emit=tuple(self.emit),
-            skipped=self.skipped,
-            coalesced=self.coalesced,
-            ticks=self.ticks,
-            window_dropped=self.window_dropped,
-            buffer_dropped=self.buffer_dropped,
-            revoke=self.revoke,
-        )
-
-
-def _due_fixed_delay(due: _Due) -> None:
-    """One run when due and a slot is free; either way wait for a settle to set the next."""
-    if due.next_due is None or due.next_due > due.now:
-        return
-    if due.has_slot() and (due.triggers or due.grid_room()):
-        due.drift = _ms(due.now - due.next_due)
-        if due.triggers:
-            # A queued trigger stands in for the due run: one run, not two.
-            due.reserve(due.triggers.pop(0), triggered=True)
-        else:
-            due.reserve(due.next_due)
-        due.ticks = 1
-    due.next_due = None
-
-
-def _anchor_grid(due: _Due, timing: Timing, rng: random.Random) -> None:
-    """No grid (a resumed calendar schedule): ticks passed while paused are not missed;
-    anchor on the first tick from now."""
-    due.grid_at = timing.first_at_or_after(due.now)
-    due.next_due = due.grid_at + jitter_delay(due.policy, timing.gap(due.grid_at), rng)
-
-
-def _due_on_grid(due: _Due, grid_at: datetime, timing: Timing, rng: random.Random) -> None:
-    """Count the grid ticks passed, start as many as slots are free, hand the rest to
-    ``missed_ticks`` and move the grid past ``now`` (``fixed_rate_driver``)."""
-    count, tick_at, next_grid = timing.passed(grid_at, due.now)
-    due.dodge(lambda at: _among_ticks(at, count, tick_at))
-    if due.policy.end_at is not None:
-        # Ticks after the end are not the schedule's any more: neither run nor skipped.
-        count = bisect_right(range(count), due.policy.end_at, key=tick_at)
-    # Waiting runs were asked for before the ticks passed now: they take the free slots first.
-    due.start_waiting(backfill=False)
-    due.ticks = count
-    due.drift = _ms(due.now - grid_at)
-    live = _within_window(due, count, tick_at)
-    n_start = _slots_for(due, len(live))
-    if due.policy.missed_ticks is MissedTicks.CATCH_UP:
-        started, rest = live[:n_start], live[n_start:]
-    else:
-        started, rest = live[len(live) - n_start :], live[: len(live) - n_start]
-    for i in started:
-        due.reserve(tick_at(i))
-    _handle_missed(due, tick_at, rest)
-    due.skips += due.skipped
-    due.grid_at = next_grid
-    due.next_due = next_grid + jitter_delay(due.policy, timing.gap(next_grid), rng)
-
-
-def _within_window(due: _Due, count: int, tick_at: Callable[[int], datetime]) -> range:
-    """The indexes of the passed ticks within ``catchup_window``; the older ones are dropped.
-
-    A tick is older than the window when it is found more than ``catchup_window`` seconds
-    after its grid time (``now - tick > window``); one exactly ``window`` old is still run.
-    """
-    window = due.policy.catchup_window
-    if window is None or not count:
-        return range(count)
-    stale = bisect_left(range(count), due.now - timedelta(seconds=window), key=tick_at)
-    due.window_dropped = stale
-    due.skipped += stale
-    return range(stale, count)
-
-
-def _slots_for(due: _Due, ticks: int) -> int:
-    """How many of ``ticks`` start now; ``replace`` first revokes the oldest active runs it may.
-
-    ``replace`` runs the newest ticks, as many as the bound allows: each that finds no free slot
-    takes the slot of the oldest active run, revoked in the same transaction (at most
-    ``revocable``: the active runs the store found).
-    """
-    wanted = min(ticks, due.policy.limit, due.grid_room())
-    if due.policy.missed_ticks is MissedTicks.REPLACE:
-        # More active than the bound leaves room for (a smaller bound after a change) counts too.
-        needed = due.active + wanted - due.policy.limit
-        revoked = max(min(needed, due.revocable, due.active), 0)
-        due.active -= revoked
-        due.revocable -= revoked
-        due.revoke += revoked
-    return min(max(due.policy.limit - due.active, 0), ticks, due.grid_room())
-
-
-def _among_ticks(at: datetime, count: int, tick_at: Callable[[int], datetime]) -> bool:
-    """Whether ``at`` is one of the ``count`` ascending ticks ``tick_at`` indexes (a bisection)."""
-    i = bisect_left(range(count), at, key=tick_at)
-    return i < count and tick_at(i) == at
-
-
-def _handle_missed(due: _Due, tick_at: Callable[[int], datetime], rest: range) -> None:
-    """Ticks that found every slot busy go to ``missed_ticks`` (``queue_missed_ticks``).
-
-    ``rest`` indexes the grid ticks lazily: a long outage on a short period may have passed
-    very many, and only the ones kept as pending runs are ever built.
-    """
-    missed = len(rest)
-    if not missed:
-        return
-    if due.policy.missed_ticks in (MissedTicks.SKIP, MissedTicks.REPLACE):
-        due.skipped += missed  # busy: ``replace`` ran the newest ticks, these were older
-        return
-    if due.policy.missed_ticks is MissedTicks.COALESCE_LATEST:
-        # The latest missed tick replaces every pending one: each tick replaced is a skip too.
-        dropped = missed - 1 + len(due.pending)
-        due.pending = [tick_at(rest[-1])]
-        due.coalesced = True
-    else:
-        assert due.policy.max_pending is not None
-        room = max(due.policy.max_pending - len(due.pending), 0)
-        added = min(room, missed)
-        due.pending.extend(tick_at(rest[i]) for i in range(added))
-        dropped = missed - added
-    due.skipped += dropped
-    due.buffer_dropped += dropped
-
-
-def on_due(
-    policy: Policy,
-    timing: Timing,
-    state: ScheduleState,
-    now: datetime,
-    rng: random.Random,
-    *,
-    revocable: int = 0,
-) -> TickOutcome:
-    """Handle a schedule whose ``next_due_at`` has come (``fixed_rate_driver`` + fixed delay).
-
-    Fixed rate: every grid tick passed counts (``1 + overdue // period``); those found past
-    ``catchup_window`` are dropped; as many start as slots are free, the rest go to
-    ``missed_ticks``; the grid advances past ``now``. Then pending runs start while slots are
-    free. Fixed delay: one run, then wait for its finish. ``revocable`` is how many of the
-    active runs ``replace`` may revoke (the store found them; see :attr:`TickOutcome.revoke`).
-    """
-    if state.stopped:
-        return TickOutcome(state=replace(state, next_due_at=None))
-    if state.ended:
-        return _due_ended(policy, state, now)
-    if not state.asked and _end_reason(policy, state) is not None:
-        # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
-        return _ended_if_over(policy, TickOutcome(state=state))
-    due = _Due.of(policy, state, now, revocable)
-    if policy.mode is Mode.FIXED_DELAY:
-        _due_fixed_delay(due)
-    elif due.grid_at is None:
-        _anchor_grid(due, timing, rng)
-        due.dodge(lambda at: at == due.grid_at)
-    elif due.grid_at <= now:
-        _due_on_grid(due, due.grid_at, timing, rng)
-    due.start_waiting()
-    if policy.mode is Mode.FIXED_DELAY and due.emit:
-        due.next_due = None
-    elif due.grid_at is not None and due.next_due is not None and due.next_due <= now:
-        # A due time set for waiting runs (settle, trigger) must not stay in the past, or
-        # the beat would spin until the next grid tick: waiting runs wait for a settle.
-        due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
-    if due.backfill and due.has_slot():
-        due.next_due = now  # more backfill than one tick starts: the next tick goes on at once
-    return _ended_if_over(policy, due.outcome(state))
-
-
-def _due_ended(policy: Policy, state: ScheduleState, now: datetime) -> TickOutcome:
-    """An ended schedule starts only the triggers and backfill queued before its end, as slots free."""
-    due = _Due.of(policy, state, now)
-    while due.triggers and due.has_slot():
-        due.reserve(due.triggers.pop(0), triggered=True)
-    due.start_backfill()
-    due.next_due = now if due.backfill and due.has_slot() else None
-    return _ended_if_over(policy, due.outcome(state))
-
-
-def _end_reason(policy: Policy, state: ScheduleState) -> StopReason | None:
+def end_reason(policy: Policy, state: ScheduleState) -> StopReason | None:
     """The end a schedule has reached: ``max_runs`` emitted, or its next due time past ``end_at``."""
     if policy.max_runs is not None and state.grid_runs >= policy.max_runs:
         return StopReason.MAX_RUNS
@@ -501,14 +193,14 @@ def _end_reason(policy: Policy, state: ScheduleState) -> StopReason | None:
     return None
 
 
-def _ended_if_over(policy: Policy, outcome: TickOutcome) -> TickOutcome:
+def ended_if_over(policy: Policy, outcome: TickOutcome) -> TickOutcome:
     """Mark the schedule ended as soon as its last allowed run is emitted (or none is left).
 
     Pending grid ticks that can no longer start are skips; queued triggers still start. The
     schedule shows ``stopped`` once nothing of it is active or waiting (:func:`_settled_end`).
     """
     state = outcome.state
-    reason = state.stop_reason if state.ended else _end_reason(policy, state)
+    reason = state.stop_reason if state.ended else end_reason(policy, state)
     if reason is None:
         return outcome
     dropped = len(state.pending)
@@ -587,7 +279,7 @@ def on_settle(
         next_due_at=next_due,
     )
     if not stopped and not state.ended and policy.mode is Mode.FIXED_DELAY:
-        end = _end_reason(policy, settled)
+        end = end_reason(policy, settled)
         if end is not None:
             settled = replace(settled, stop_reason=end, next_due_at=now if settled.triggers else None)
     return _settled_end(_failure_streak(policy, settled, outcome, run_id))
@@ -622,7 +314,7 @@ def on_trigger(
 ) -> Triggered | TriggerRefused:
     """Queue one extra run at ``now``, apart from the grid, or say why not.
 
-    The run waits in ``triggers`` rather than being emitted: the next :func:`on_due` starts it
+    The run waits in ``triggers`` rather than being emitted: the next :func:`~.due.on_due` starts it
     at the first free slot, so a trigger never breaks the concurrency bound, and no missed tick
     can coalesce it away. A paused or stopped schedule refuses (the run would wait silently for
     a resume nobody planned), and so does a full queue (:data:`MAX_QUEUED_TRIGGERS`).
@@ -647,7 +339,7 @@ def on_trigger(
         for t in (*state.triggers, *state.pending, *state.backfill, last_run_at)
         if t is not None and t >= now
     ]
-    at = max([now, *(t + _MICROSECOND for t in taken)])
+    at = max([now, *(t + MICROSECOND for t in taken)])
     due = now if state.next_due_at is None else min(state.next_due_at, now)
     return Triggered(state=replace(state, triggers=(*state.triggers, at), next_due_at=due), scheduled_for=at)
 
@@ -659,11 +351,11 @@ def on_resume(
 
     Fixed delay is due at once unless a run is still active (its settle sets the next due).
     An interval grid rejoins at its first tick after ``now``; a past calendar grid (no
-    ``period``) is cleared and due now, so :func:`on_due` re-anchors it without emitting. A
+    ``period``) is cleared and due now, so :func:`~.due.on_due` re-anchors it without emitting. A
     future grid keeps its (jittered) due time. Waiting runs make it due at once.
 
     ``replay`` keeps a past grid where the pause left it and makes it due now: the next
-    :func:`on_due` counts the ticks passed meanwhile and hands them to ``missed_ticks``, as
+    :func:`~.due.on_due` counts the ticks passed meanwhile and hands them to ``missed_ticks``, as
     after a beat outage (``catchup_window`` bounds them).
     """
     grid_at, next_due = state.grid_at, state.next_due_at
@@ -768,7 +460,7 @@ def _restarted(
     first = fresh.grid_at or fresh.next_due_at
     if last_run_at is not None and first is not None and first <= last_run_at:
         # Start as if the change came 1 µs after that run, ``initial_delay`` included.
-        shifted = last_run_at + _MICROSECOND - timedelta(seconds=spec.policy.initial_delay)
+        shifted = last_run_at + MICROSECOND - timedelta(seconds=spec.policy.initial_delay)
         fresh = initial_state(spec.policy, spec.timing, shifted, rng)
     wait_for_settle = state.active_runs != 0 and spec.policy.mode is Mode.FIXED_DELAY
     next_due = state.next_due_at if wait_for_settle else fresh.next_due_at

@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 
 from ..core.alerts import Alert
 from ..core.backfill import Backfilled, BackfillRefused, on_backfill, without_taken
+from ..core.due import on_due
 from ..core.enums import MissedTicks, RunState
 from ..core.exceptions import ScheduleEndedError, UnknownScheduleError
 from ..core.messages import clip_error, message_options
@@ -56,7 +57,6 @@ from ..core.ticks import (
     ScheduleState,
     TickOutcome,
     TriggerRefused,
-    on_due,
     on_resume,
     on_trigger,
     resume_refusal,

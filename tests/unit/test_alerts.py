@@ -14,10 +14,11 @@ from sqlalchemy import Engine
 from celery_boundedbeat import signals
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.alerts import Alert, on_settled, on_ticked
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import AlertKind, RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
-from celery_boundedbeat.core.ticks import ScheduleState, initial_state, on_due, on_resume, on_settle
+from celery_boundedbeat.core.ticks import ScheduleState, initial_state, on_resume, on_settle
 from celery_boundedbeat.db.alertlog import record, take
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store

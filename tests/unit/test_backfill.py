@@ -19,6 +19,7 @@ from celery_boundedbeat.core.backfill import (
     on_backfill,
     without_taken,
 )
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import RunState, StopReason
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.ticks import (
@@ -26,7 +27,6 @@ from celery_boundedbeat.core.ticks import (
     Emission,
     ScheduleState,
     on_config_change,
-    on_due,
     on_settle,
 )
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming

@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_boundedbeat.beat.ahead import sleep_until
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
-from celery_boundedbeat.core.ticks import ScheduleState, TickOutcome, initial_state, on_due, on_settle
+from celery_boundedbeat.core.ticks import ScheduleState, TickOutcome, initial_state, on_settle
 from celery_boundedbeat.core.timing import IntervalTiming
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

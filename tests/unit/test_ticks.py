@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import Mode, RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
@@ -21,7 +22,6 @@ from celery_boundedbeat.core.ticks import (
     initial_state,
     jitter_delay,
     on_config_change,
-    on_due,
     on_resume,
     on_settle,
     on_trigger,
@@ -515,8 +515,9 @@ def test_a_rate_schedule_without_a_grid_anchors_on_the_next_tick_without_emittin
     import random
     from datetime import UTC, datetime, timedelta
 
+    from celery_boundedbeat.core.due import on_due
     from celery_boundedbeat.core.policy import Policy
-    from celery_boundedbeat.core.ticks import ScheduleState, on_due
+    from celery_boundedbeat.core.ticks import ScheduleState
     from celery_boundedbeat.core.timing import CalendarTiming
 
     def every_minute(t: datetime) -> datetime:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import MissedTicks, RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.ticks import (
@@ -18,7 +19,6 @@ from celery_boundedbeat.core.ticks import (
     TickOutcome,
     initial_state,
     on_config_change,
-    on_due,
     on_resume,
     on_settle,
 )

@@ -19,6 +19,7 @@ import pytest
 from celery.schedules import crontab
 
 from celery_boundedbeat.config.entries import timing_for
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import Mode, RunState, StopReason
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
@@ -29,7 +30,6 @@ from celery_boundedbeat.core.ticks import (
     TriggerRefused,
     first_state,
     on_config_change,
-    on_due,
     on_resume,
     on_settle,
     on_trigger,

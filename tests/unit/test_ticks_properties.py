@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import MissedTicks, Mode, RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
@@ -28,7 +29,6 @@ from celery_boundedbeat.core.ticks import (
     TriggerRefused,
     initial_state,
     on_config_change,
-    on_due,
     on_resume,
     on_settle,
     on_trigger,
