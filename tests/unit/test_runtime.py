@@ -1,4 +1,4 @@
-"""Backoff, jitter and loop helpers (ports of runtime.rs tests), with no real sleeps to speak of."""
+"""Backoff, jitter and loop helpers (core.loops), with no real sleeps to speak of."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tick state machine driven by a fake clock (ports of scheduled.rs tests)."""
+"""The tick state machine driven by a fake clock."""
 
 from __future__ import annotations
 
