@@ -200,3 +200,36 @@ def test_schedule_page_draws_its_runs_in_one_query(store: Store, client_as: Any)
     assert sorted(re.findall(r'<g data-run="([^"]+)">', html)) == sorted(ids)
     assert html.count('class="bb-point bb-drift') == 12 and html.count('class="bb-point bb-duration') == 11
     assert "every 10 s" in html
+
+
+def test_counts_call_only_failed_runs_failed(store: Store, client_as: Any) -> None:
+    """A schedule's counts say "failed" (in red) only for failed runs; time-outs, runs replace
+    revoked and other revoked runs have their own words, and one overlap is "1 overlap"."""
+    from sqlalchemy import update
+
+    from celery_boundedbeat.db.store import REPLACED
+    from celery_boundedbeat.db.tables import ScheduleRow
+
+    now = datetime.now(UTC)
+    for n, (state, error) in enumerate(
+        [("failed", TRACEBACK), ("failed", TRACEBACK), ("timed_out", "SoftTimeLimitExceeded()")]
+        + [("revoked", REPLACED)] * 3
+        + [("revoked", None), ("completed", None)]
+    ):
+        add_run(store, "poll-partner", state, now - timedelta(seconds=n), error=error)
+    with store.session() as s:
+        s.execute(
+            update(ScheduleRow)
+            .where(ScheduleRow.name == "poll-partner")
+            .values(runs=1, failures=7, replaced=3, overlaps=1)
+        )
+    html = page(client_as("viewer").get(SCHEDULES))
+    row = dict(re.findall(r'field-name"><a href="[^"]*">([^<]+)</a>(.*?)</tr>', html, re.S))["poll-partner"]
+    cell = re.search(r'<td class="field-run_history">(.*?)</td>', row, re.S)
+    assert cell is not None
+    counts = re.sub(r"<[^>]+>", "", cell[1].split("</svg>")[-1])
+    assert counts == "1 completed, 2 failed, 1 timed out, 1 revoked, 3 replaced, 1 overlap", counts
+    assert f'bb-count-failed" style="color:{STATE_COLOURS["failed"]}' in row
+    assert f'bb-count-timed_out" style="color:{STATE_COLOURS["failed"]}' not in row
+    detail = page(client_as("viewer").get(f"{SCHEDULES}poll-partner/change/"))
+    assert ">2 failed</span>" in detail and ">3 replaced</span>" in detail
