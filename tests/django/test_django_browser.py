@@ -184,11 +184,32 @@ def test_change_list_shows_a_sparkline_per_schedule_without_scrolling(
     assert console_errors(browser) == []
 
 
+#: Pairs of a picture's labels that touch each other, a point or a bar, as the browser drew them.
+COLLISIONS = """
+const svg = document.querySelector(arguments[0]);
+const box = (e) => {
+  const b = e.getBBox();
+  return {e: e, x0: b.x, y0: b.y, x1: b.x + b.width, y1: b.y + b.height};
+};
+const texts = [...svg.querySelectorAll('text')].map(box);
+const marks = [...svg.querySelectorAll('circle, rect.bb-run, rect.bb-wait')].map(box);
+const meet = (a, b) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+const name = (a) => a.e.tagName + ':' + (a.e.textContent || a.e.getAttribute('class'));
+const found = [];
+texts.forEach((a, i) => {
+  texts.slice(i + 1).forEach((b) => { if (meet(a, b)) found.push([name(a), name(b)]); });
+  marks.forEach((b) => { if (meet(a, b)) found.push([name(a), name(b)]); });
+});
+return found;
+"""
+
+
 def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     store: Store, browser: Any, live_server: str, staff: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A schedule's page draws one bar per recent run in its state's colour, outlines overlapping
-    runs, plots duration and drift per run, and logs no console error."""
+    runs, plots duration and drift per run with no label touching another label, a point or a
+    bar, and logs no console error."""
     from selenium.webdriver.common.by import By
 
     now = datetime.now(UTC).replace(microsecond=0)
@@ -207,6 +228,8 @@ def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.bb-chart circle.bb-duration")) == len(ids) - 1
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.bb-chart circle.bb-drift")) == len(ids)
     assert browser.find_element(By.CSS_SELECTOR, "svg.bb-timeline").size["width"] > 600
+    for picture in ("svg.bb-timeline", "svg.bb-chart"):
+        assert browser.execute_script(COLLISIONS, picture) == [], picture
     path = screenshot(browser, "admin-schedule-timeline.png", capsys)
     docs = os.environ.get("BOUNDEDBEAT_DOCS_SCREENSHOT")
     if docs:

@@ -45,6 +45,28 @@ def test_overlapping_runs_get_lanes_of_their_own_and_are_named() -> None:
     assert overlapping(runs, now) == {"run-1", "run-2"}
 
 
+def test_a_run_that_waited_for_the_one_before_stays_in_its_lane() -> None:
+    """A no-overlap schedule whose runs each wait for the one before is drawn in one lane, its waiting
+    parts behind the bars, and nothing is outlined as an overlap."""
+    runs = [
+        RunPoint(
+            id=f"run-{n}",
+            state="completed",
+            scheduled_for=T0 + timedelta(seconds=10 * n),
+            started_at=T0 + timedelta(seconds=15 * n),
+            finished_at=T0 + timedelta(seconds=15 * n + 15),
+        )
+        for n in range(4)
+    ]
+    now = T0 + timedelta(seconds=70)
+    assert lanes(runs, now) == [0, 0, 0, 0]
+    assert overlapping(runs, now) == set()
+    svg = timeline_svg(runs, now=now, zone=UTC)
+    assert svg.count('class="bb-wait"') == 3 and "bb-overlap" not in svg
+    assert set(re.findall(r'class="bb-run[^"]*"[^>]* y="(\d+)"', svg)) == {"8"}
+    assert svg.index('class="bb-wait"') < svg.index('class="bb-run ')
+
+
 @pytest.mark.parametrize(
     ("timing", "text"),
     [
@@ -182,7 +204,7 @@ def test_run_list_shows_short_ids_coloured_states_and_links_to_the_schedule(
     assert f"color:{STATE_COLOURS['timed_out']}" in html
     assert f'href="{SCHEDULES}export-report/change/">export-report</a>' in html
     assert 'title="2026-12-01 07:00:05 CET" style="white-space:nowrap">12-01 07:00:05<' in html
-    assert ">Scheduled for (Europe/Berlin)<" in html and ">Started (Europe/Berlin)<" in html
+    assert ">Scheduled / started (Europe/Berlin)<" in html
     assert ">2026-12-01 07:00:05 CET<" in detail and '<pre class="bb-error"' in detail
 
 
