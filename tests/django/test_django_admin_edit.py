@@ -142,14 +142,16 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"kwargs": '{"tenant": 1'}, "kwargs", "Enter a valid JSON."),
         ({"args": '{"a": 1}'}, "args", "must be a list or tuple"),
         ({"options": "[1]"}, "options", "must be a dict"),
-        ({"kind": "crontab", "minute": "61"}, "minute", "Not a crontab minute"),
+        ({"kind": "crontab", "minute": "61"}, "minute", "Minute must be 0-59"),
+        ({"kind": "crontab", "hour": "1,,2"}, "hour", "Hour must be 0-23"),
         ({"every": ""}, "every", "Required for this timing."),
         ({"name": "refresh-cache"}, "name", "exists already"),
         ({"kind": "crontab", "timezone": "Europe/Berln"}, "timezone", "unknown time zone 'Europe/Berln'"),
         ({"timezone": "Europe/Berlin"}, "timezone", "is only for crontab and solar schedules"),
     ],
     ids=["period-0", "fixed-delay-crontab", "concurrency-needs-fixed-rate", "fixed-rate-needs-concurrency",
-         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "no-period", "duplicate",
+         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "unparsable-crontab",
+         "no-period", "duplicate",
          "unknown-zone", "zone-on-an-interval"],
 )  # fmt: skip
 def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
