@@ -534,15 +534,16 @@ def update(
 @click.pass_context
 def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
     """Remove runtime schedule NAME (its run history stays)."""
-    from .api.schedules import remove_schedule
+    from .api.schedules import plural_runs, remove_schedule_revoking
 
     app = _app(ctx)
-    removed = _changing(
-        "remove a schedule", app, lambda: remove_schedule(app, name, revoke_active=revoke_active)
+    revoked = _changing(
+        "remove a schedule", app, lambda: remove_schedule_revoking(app, name, revoke_active=revoke_active)
     )
-    if not removed:
+    if revoked is None:
         raise click.ClickException(f"no schedule named {name!r}")
-    click.echo(f"{name}: removed")
+    said = f", {plural_runs(len(revoked))} revoked" if revoke_active else ""
+    click.echo(f"{name}: removed{said}")
 
 
 @boundedbeat.command("backfill")

@@ -234,7 +234,8 @@ def test_editing_the_timing_replaces_it(store: Store, client_as: Any) -> None:
 
 
 def test_removing_keeps_the_runs_and_can_revoke_the_active_ones(store: Store, client_as: Any) -> None:
-    """The delete page offers a revoke choice; remove_schedule deletes the row and keeps its history."""
+    """The delete page offers a revoke choice and says how many runs it revoked; remove_schedule
+    deletes the row and keeps its history."""
     from django.test import override_settings
 
     add_runtime("feed-7")
@@ -249,9 +250,12 @@ def test_removing_keeps_the_runs_and_can_revoke_the_active_ones(store: Store, cl
     assert 'name="revoke_active"' in page(client.get(f"{SCHEDULES}feed-7/delete/"))
 
     with override_settings(CELERY_BROKER_URL="memory://"):
-        response = client.post(f"{SCHEDULES}feed-7/delete/", {"post": "yes", "revoke_active": "on"})
-        assert response.status_code == 302
-        assert client.post(f"{SCHEDULES}feed-8/delete/", {"post": "yes"}).status_code == 302
+        response = client.post(
+            f"{SCHEDULES}feed-7/delete/", {"post": "yes", "revoke_active": "on"}, follow=True
+        )
+        assert "1 run of &#x27;feed-7&#x27; revoked" in page(response)
+        kept = client.post(f"{SCHEDULES}feed-8/delete/", {"post": "yes"}, follow=True)
+        assert "revoked" not in page(kept)
     assert row(store, "feed-7") is None and row(store, "feed-8") is None
     states = {run_id: run.state for run_id in (done, *active.values()) if (run := store.run(run_id))}
     assert states == {done: "completed", active["feed-7"]: "revoked", active["feed-8"]: "started"}

@@ -193,7 +193,7 @@ def test_remove_prints_removed_keeps_history_and_revokes_active_runs(
     assert row.next_due_at is not None
     (emitted,) = store.tick(Resolver(app, {}), row.next_due_at, RNG, 10).emitted
     result = run(app, "remove", "x", "--revoke-active")
-    assert (result.exit_code, result.output) == (0, "x: removed\n")
+    assert (result.exit_code, result.output) == (0, "x: removed, 1 run revoked\n")
     assert calls == [([emitted.id], {"terminate": True})]
     history = json.loads(run(app, "history", "x", "--json").output)
     assert [(h["id"], h["state"]) for h in history] == [(emitted.id, "revoked")]

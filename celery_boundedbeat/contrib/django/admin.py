@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ...api.schedules import remove_schedule
+from ...api.schedules import plural_runs, remove_schedule_revoking
 from ...core.exceptions import BoundedBeatError, ScheduleEndedError
 from ...core.ticks import TriggerRefused
 from ...db.row_state import RUNTIME
@@ -256,18 +256,21 @@ class ScheduleAdmin(TablesAdmin):
         """Nothing to save: validating the form called the API, which wrote the row."""
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
-        """``remove_schedule``, revoking the active runs when the confirmation page asked to."""
+        """``remove_schedule``, revoking the active runs when the confirmation page asked to (and
+        saying how many)."""
         name = str(obj.pk)
         revoke = request.POST.get("revoke_active") == "on"
         with celery_app() as app:
             try:
-                removed = remove_schedule(app, name, revoke_active=revoke)
+                revoked = remove_schedule_revoking(app, name, revoke_active=revoke)
             except BoundedBeatError as exc:
                 raise NotRemoved(f"Schedule {name!r} was not removed: {exc}") from None
-        if not removed:
+        if revoked is None:
             raise NotRemoved(f"Schedule {name!r} is no longer in the database.")
         if revoke:
-            self.message_user(request, f"The active runs of {name!r}, if any, were revoked.", messages.INFO)
+            self.message_user(
+                request, f"{plural_runs(len(revoked))} of {name!r} revoked (the active ones).", messages.INFO
+            )
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
         """Django's confirmation page; a refused removal redirects with a warning (nothing logged)."""
