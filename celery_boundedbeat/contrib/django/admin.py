@@ -114,8 +114,9 @@ RECENT_FIELDSET: tuple[str, dict[str, Any]] = (
     "Recent runs",
     {
         "fields": ("run_timeline", "run_chart"),
-        "description": "The last runs, oldest left: a pale part from scheduled to started, then the "
-        "state's colour until finished. Hover a bar or point for its times.",
+        "description": "The last runs, oldest left: a pale strip from scheduled to started, then the "
+        "state's colour until finished; a second lane means runs ran at the same time. Hover a bar or "
+        "point for its times.",
     },
 )
 #: The form of a runtime schedule (add, and change with ``change_schedule``).
