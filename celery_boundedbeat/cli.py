@@ -14,7 +14,7 @@ from celery import Celery
 from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot, store_for
 from .config.settings import Settings
 from .core.enums import RunState
-from .core.exceptions import BoundedBeatError, ScheduleEndedError
+from .core.exceptions import BoundedBeatError, ConfigurationError, ScheduleEndedError
 from .core.redact import driver_reason, mask_url, scrub
 from .core.ticks import TriggerRefused
 from .db.engine import get_engine
@@ -393,7 +393,7 @@ def _json_option(value: str | None, option: str) -> Any:
 
 
 def _crontab_option(value: str) -> Any:
-    from celery.schedules import crontab
+    from .config.cron import build_crontab
 
     fields = value.split()
     if len(fields) != 5:
@@ -402,16 +402,18 @@ def _crontab_option(value: str) -> Any:
             param_hint="--crontab",
         )
     minute, hour, day_of_month, month_of_year, day_of_week = fields
+    named = {
+        "minute": minute,
+        "hour": hour,
+        "day_of_month": day_of_month,
+        "month_of_year": month_of_year,
+        "day_of_week": day_of_week,
+    }
     try:
-        return crontab(
-            minute=minute,
-            hour=hour,
-            day_of_month=day_of_month,
-            month_of_year=month_of_year,
-            day_of_week=day_of_week,
-        )
-    except ValueError as exc:
-        raise click.BadParameter(f"{value!r} is not a valid crontab: {exc}", param_hint="--crontab") from None
+        return build_crontab("--crontab", named)
+    except ConfigurationError as exc:
+        reasons = "; ".join(reason for _, _, reason in exc.problems)
+        raise click.BadParameter(f"{value!r} is not a crontab: {reasons}", param_hint="--crontab") from None
 
 
 def _timing_option(every: float | None, cron: str | None, *, required: bool) -> Any:
@@ -532,15 +534,16 @@ def update(
 @click.pass_context
 def remove(ctx: click.Context, name: str, revoke_active: bool) -> None:
     """Remove runtime schedule NAME (its run history stays)."""
-    from .api.schedules import remove_schedule
+    from .api.schedules import plural_runs, remove_schedule_revoking
 
     app = _app(ctx)
-    removed = _changing(
-        "remove a schedule", app, lambda: remove_schedule(app, name, revoke_active=revoke_active)
+    revoked = _changing(
+        "remove a schedule", app, lambda: remove_schedule_revoking(app, name, revoke_active=revoke_active)
     )
-    if not removed:
+    if revoked is None:
         raise click.ClickException(f"no schedule named {name!r}")
-    click.echo(f"{name}: removed")
+    said = f", {plural_runs(len(revoked))} revoked" if revoke_active else ""
+    click.echo(f"{name}: removed{said}")
 
 
 @boundedbeat.command("backfill")

@@ -145,7 +145,8 @@ class Timeline:
 
     def __str__(self) -> str:
         """One line per tick in seconds after the start, for an assertion message."""
-        lines = [f"{self.name}: {len(self.runs)} runs, {self.skips} skips, {self.overlaps} overlaps"]
+        counts = ((len(self.runs), "run"), (self.skips, "skip"), (self.overlaps, "overlap"))
+        lines = [f"{self.name}: " + ", ".join(f"{n} {word}{'' if n == 1 else 's'}" for n, word in counts)]
         for e in self.events:
             line = f"  {self.seconds(e.scheduled_for):>10.3f}  {e.kind.value:<9}"
             if e.start is not None and e.finish is not None:

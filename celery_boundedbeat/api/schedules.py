@@ -145,25 +145,40 @@ def remove_schedule(app: Celery, name: str, *, revoke_active: bool = False) -> b
     With ``revoke_active`` its active runs settle ``revoked`` and the workers are asked to
     terminate them (``app.control.revoke(..., terminate=True)``; the threads and solo pools
     cannot terminate a running task, which then finishes but stays ``revoked``). Without it,
-    runs already emitted go on and are recorded as usual.
+    runs already emitted go on and are recorded as usual. :func:`remove_schedule_revoking`
+    does the same and says which runs it revoked.
     """
+    return remove_schedule_revoking(app, name, revoke_active=revoke_active) is not None
+
+
+def remove_schedule_revoking(
+    app: Celery, name: str, *, revoke_active: bool = False
+) -> tuple[str, ...] | None:
+    """:func:`remove_schedule`, returning the ids of the runs it revoked (empty without
+    ``revoke_active`` or when none was active), or ``None`` when there is no schedule of that name."""
     _, store = _context(app)
     revoked = store.remove_schedule(_check_name(name), utcnow(), revoke_active=revoke_active)
     if revoked is None:
-        return False
+        return None
     if revoked:
+        logger.info("celery_boundedbeat: removed %s and revoked %s", name, plural_runs(len(revoked)))
         try:
             app.control.revoke(revoked, terminate=True)
         except Exception as exc:  # the rows are settled; only the workers' copy is left running
             logger.warning(
-                "celery_boundedbeat: removed %s and settled %d run(s) revoked, but could not ask the "
+                "celery_boundedbeat: removed %s and settled %s revoked, but could not ask the "
                 "workers to terminate them (%s: %s)",
                 name,
-                len(revoked),
+                plural_runs(len(revoked)),
                 type(exc).__name__,
                 exc,
             )
-    return True
+    return tuple(revoked)
+
+
+def plural_runs(n: int) -> str:
+    """``1 run``, ``2 runs``: how the removal messages count revoked runs."""
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,12 +31,10 @@ from celery.schedules import crontab, schedule, solar
 from ..core.exceptions import ConfigurationError
 from ..core.policy import Problem
 from ..core.spec import Definition, EntrySpec
+from .cron import CRONTAB_FIELDS, build_crontab
 from .entries import build_specs, configured_entries, parse_entry, zone_name
 
 logger = logging.getLogger("celery_boundedbeat.beat")
-
-#: The crontab fields stored, in ``crontab()``'s keyword names.
-CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
 
 
 def _cron_field(value: Any) -> Any:
@@ -74,7 +72,7 @@ def schedule_value(name: str, data: Any, app: Celery) -> tuple[Any, tzinfo | Non
             return data["every"], None
         if kind == "crontab":
             zone = ZoneInfo(data["timezone"]) if data.get("timezone") else None
-            return crontab(**{f: data.get(f, "*") for f in CRONTAB_FIELDS}, app=app), zone
+            return build_crontab(name, {f: data.get(f, "*") for f in CRONTAB_FIELDS}, app), zone
         if kind == "solar":
             zone = ZoneInfo(data["timezone"]) if data.get("timezone") else None
             return solar(data["event"], data["lat"], data["lon"], app=app), zone

@@ -67,7 +67,9 @@ def test_run_changelist_filters_searches_and_drills_down_by_date(store: Store, c
 
     html = page(client.get(RUNS))
     assert changelist_names(html) == {ok, failed, april}
-    assert "ValueError: boom" in html and "at x" not in html  # the list shows the first error line
+    assert (
+        ">ValueError: boom</span>" in html and 'title="ValueError: boom\nat x"' in html
+    )  # first line; all in the tooltip
     assert changelist_names(page(client.get(RUNS, {"state__exact": "failed"}))) == {failed}
     assert changelist_names(page(client.get(RUNS, {"schedule": "refresh-cache"}))) == {ok, april}
     assert changelist_names(page(client.get(RUNS, {"q": "boom"}))) == {failed}
@@ -169,6 +171,34 @@ def test_resume_lifts_stop_schedule(store: Store, client_as: Any) -> None:
     page(act(client, "resume_schedules", "poll-partner"))
     (row,) = store.schedules(["poll-partner"])
     assert row.stopped is False and row.paused is False
+
+
+def test_page_buttons_need_post_csrf_and_the_operate_permission(
+    store: Store, client_as: Any, users: dict[str, Any]
+) -> None:
+    """A schedule page's buttons post to one URL per action: a viewer, a GET, a post without the
+    CSRF token and an unknown action change nothing; an operator's post pauses through the action."""
+    from django.test import Client
+
+    url = f"{SCHEDULES}refresh-cache/operate/pause_schedules/"
+    viewer = client_as("viewer")
+    assert "/operate/" not in page(viewer.get(f"{SCHEDULES}refresh-cache/change/"))
+    assert viewer.post(url).status_code == 403
+    assert viewer.post(f"{SCHEDULES}refresh-cache/operate/trigger_schedules/").status_code == 403
+    operator = client_as("operator")
+    assert operator.get(url).status_code == 405
+    assert operator.post(f"{SCHEDULES}refresh-cache/operate/delete_selected/").status_code == 403
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(users["operator"])
+    assert strict.post(url).status_code == 403
+    (row,) = store.schedules(["refresh-cache"])
+    assert row.paused is False and row.pending_runs == 0
+
+    response = operator.post(url, follow=True)
+    assert response.redirect_chain[-1][0] == f"{SCHEDULES}refresh-cache/change/"
+    assert "Schedule &#x27;refresh-cache&#x27; paused." in page(response)
+    assert store.schedules(["refresh-cache"])[0].paused is True
+    assert operator.post(f"{SCHEDULES}no-such/operate/pause_schedules/").status_code == 302
 
 
 def test_viewers_cannot_run_actions(store: Store, client_as: Any) -> None:

@@ -142,14 +142,16 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"kwargs": '{"tenant": 1'}, "kwargs", "Enter a valid JSON."),
         ({"args": '{"a": 1}'}, "args", "must be a list or tuple"),
         ({"options": "[1]"}, "options", "must be a dict"),
-        ({"kind": "crontab", "minute": "61"}, "minute", "Not a crontab minute"),
+        ({"kind": "crontab", "minute": "61"}, "minute", "Minute must be 0-59"),
+        ({"kind": "crontab", "hour": "1,,2"}, "hour", "Hour must be 0-23"),
         ({"every": ""}, "every", "Required for this timing."),
         ({"name": "refresh-cache"}, "name", "exists already"),
         ({"kind": "crontab", "timezone": "Europe/Berln"}, "timezone", "unknown time zone 'Europe/Berln'"),
         ({"timezone": "Europe/Berlin"}, "timezone", "is only for crontab and solar schedules"),
     ],
     ids=["period-0", "fixed-delay-crontab", "concurrency-needs-fixed-rate", "fixed-rate-needs-concurrency",
-         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "no-period", "duplicate",
+         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "unparsable-crontab",
+         "no-period", "duplicate",
          "unknown-zone", "zone-on-an-interval"],
 )  # fmt: skip
 def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
@@ -232,7 +234,8 @@ def test_editing_the_timing_replaces_it(store: Store, client_as: Any) -> None:
 
 
 def test_removing_keeps_the_runs_and_can_revoke_the_active_ones(store: Store, client_as: Any) -> None:
-    """The delete page offers a revoke choice; remove_schedule deletes the row and keeps its history."""
+    """The delete page offers a revoke choice and says how many runs it revoked; remove_schedule
+    deletes the row and keeps its history."""
     from django.test import override_settings
 
     add_runtime("feed-7")
@@ -247,9 +250,12 @@ def test_removing_keeps_the_runs_and_can_revoke_the_active_ones(store: Store, cl
     assert 'name="revoke_active"' in page(client.get(f"{SCHEDULES}feed-7/delete/"))
 
     with override_settings(CELERY_BROKER_URL="memory://"):
-        response = client.post(f"{SCHEDULES}feed-7/delete/", {"post": "yes", "revoke_active": "on"})
-        assert response.status_code == 302
-        assert client.post(f"{SCHEDULES}feed-8/delete/", {"post": "yes"}).status_code == 302
+        response = client.post(
+            f"{SCHEDULES}feed-7/delete/", {"post": "yes", "revoke_active": "on"}, follow=True
+        )
+        assert "1 run of &#x27;feed-7&#x27; revoked" in page(response)
+        kept = client.post(f"{SCHEDULES}feed-8/delete/", {"post": "yes"}, follow=True)
+        assert "revoked" not in page(kept)
     assert row(store, "feed-7") is None and row(store, "feed-8") is None
     states = {run_id: run.state for run_id in (done, *active.values()) if (run := store.run(run_id))}
     assert states == {done: "completed", active["feed-7"]: "revoked", active["feed-8"]: "started"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ CHROMEDRIVER = os.environ.get("BOUNDEDBEAT_TEST_CHROMEDRIVER", "/usr/bin/chromed
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 PASSWORD = "browser-test-password"
 WIDTH = 1400
+HEIGHT = 900
 
 
 def _hex(rgb: str) -> str:
@@ -71,7 +72,7 @@ def browser() -> Iterator[Any]:
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(argument)
-    options.add_argument(f"--window-size={WIDTH},1000")
+    options.add_argument(f"--window-size={WIDTH},{HEIGHT}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
@@ -116,6 +117,18 @@ def open_page(browser: Any, url: str, expect: str, timeout: float = 15) -> None:
         pytest.fail(f"{expect!r} not on {where} within {timeout} s:\n{body}")
 
 
+def press(browser: Any, selector: str, timeout: float = 15) -> None:
+    """Click the button matching ``selector`` and wait for the page its form posts to."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    button = browser.find_element(By.CSS_SELECTOR, selector)
+    button.click()
+    WebDriverWait(browser, timeout).until(expected_conditions.staleness_of(button))
+    WebDriverWait(browser, timeout).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#content"))
+
+
 def console_errors(browser: Any) -> list[dict[str, Any]]:
     """Everything the page logged at error level since the last call (reading clears the log)."""
     return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
@@ -126,9 +139,9 @@ def screenshot(browser: Any, name: str, capsys: pytest.CaptureFixture[str]) -> P
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / name
     height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(WIDTH, max(1000, min(int(height) + 40, 4000)))
+    browser.set_window_size(WIDTH, max(HEIGHT, min(int(height) + 40, 4000)))
     assert browser.save_screenshot(str(path)), path
-    browser.set_window_size(WIDTH, 1000)
+    browser.set_window_size(WIDTH, HEIGHT)
     with capsys.disabled():
         print(f"\nscreenshot: {path}")
     return path
@@ -171,11 +184,32 @@ def test_change_list_shows_a_sparkline_per_schedule_without_scrolling(
     assert console_errors(browser) == []
 
 
+#: Pairs of a picture's labels that touch each other, a point or a bar, as the browser drew them.
+COLLISIONS = """
+const svg = document.querySelector(arguments[0]);
+const box = (e) => {
+  const b = e.getBBox();
+  return {e: e, x0: b.x, y0: b.y, x1: b.x + b.width, y1: b.y + b.height};
+};
+const texts = [...svg.querySelectorAll('text')].map(box);
+const marks = [...svg.querySelectorAll('circle, rect.bb-run, rect.bb-wait')].map(box);
+const meet = (a, b) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+const name = (a) => a.e.tagName + ':' + (a.e.textContent || a.e.getAttribute('class'));
+const found = [];
+texts.forEach((a, i) => {
+  texts.slice(i + 1).forEach((b) => { if (meet(a, b)) found.push([name(a), name(b)]); });
+  marks.forEach((b) => { if (meet(a, b)) found.push([name(a), name(b)]); });
+});
+return found;
+"""
+
+
 def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     store: Store, browser: Any, live_server: str, staff: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A schedule's page draws one bar per recent run in its state's colour, outlines overlapping
-    runs, plots duration and drift per run, and logs no console error."""
+    runs, plots duration and drift per run with no label touching another label, a point or a
+    bar, and logs no console error."""
     from selenium.webdriver.common.by import By
 
     now = datetime.now(UTC).replace(microsecond=0)
@@ -194,6 +228,8 @@ def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.bb-chart circle.bb-duration")) == len(ids) - 1
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.bb-chart circle.bb-drift")) == len(ids)
     assert browser.find_element(By.CSS_SELECTOR, "svg.bb-timeline").size["width"] > 600
+    for picture in ("svg.bb-timeline", "svg.bb-chart"):
+        assert browser.execute_script(COLLISIONS, picture) == [], picture
     path = screenshot(browser, "admin-schedule-timeline.png", capsys)
     docs = os.environ.get("BOUNDEDBEAT_DOCS_SCREENSHOT")
     if docs:
@@ -208,3 +244,111 @@ def test_schedule_page_draws_the_timeline_and_the_duration_drift_chart(
     browser.get(f"{live_server}{RUNS}?schedule=poll-partner")
     assert browser.find_elements(By.CSS_SELECTOR, "td.field-state_label .bb-state-failed")
     assert console_errors(browser) == []
+
+
+#: Where a cell ends and how many lines it takes, as the browser laid it out.
+CELL_BOX = """
+const box = arguments[0].getBoundingClientRect();
+const style = getComputedStyle(arguments[0]);
+const line = parseFloat(style.lineHeight) || parseFloat(style.fontSize) * 1.2;
+return {right: box.right, height: box.height, line: line, inner: window.innerWidth};
+"""
+
+
+def test_failed_runs_list_fits_1400_px_with_worker_and_error_in_view(
+    store: Store, browser: Any, live_server: str, staff: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At 1,400 x 900 the failed-runs list shows each run's worker and error inside the window
+    (a long error cut, whole in its tooltip) and every time on one line, with no horizontal scroll."""
+    from selenium.webdriver.common.by import By
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    long_error = "ConnectionError: " + "the partner's gateway answered 503 Service Unavailable " * 4
+    for n in range(5):
+        add_run(
+            store,
+            "export-report",
+            "failed",
+            now - timedelta(minutes=n),
+            published_at=now - timedelta(minutes=n),
+            started_at=now - timedelta(minutes=n, seconds=-1),
+            finished_at=now - timedelta(minutes=n, seconds=-3),
+            elapsed_ms=2000,
+            drift_ms=1234,
+            worker="celery@ip-10-0-12-201.eu-central-1.compute.internal",
+            error=long_error + "\n\nTraceback (most recent call last):\n  ...",
+        )
+    log_in(browser, live_server, staff)
+    console_errors(browser)
+    open_page(browser, f"{live_server}{RUNS}?state__exact=failed", "td.field-short_error")
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 5
+    for row in rows:
+        for column in ("worker_cell", "short_error", "duration_and_drift"):
+            cell = browser.execute_script(CELL_BOX, row.find_element(By.CSS_SELECTOR, f"td.field-{column}"))
+            assert cell["right"] <= WIDTH and cell["right"] <= cell["inner"], (column, cell)
+        times = row.find_elements(By.CSS_SELECTOR, "td.field-scheduled_and_started .bb-when")
+        assert len(times) == 2
+        for time in times:
+            box = browser.execute_script(CELL_BOX, time)
+            assert box["height"] < 1.5 * box["line"] and box["right"] <= WIDTH, box
+    error = rows[0].find_element(By.CSS_SELECTOR, "td.field-short_error .bb-clip")
+    assert error.get_attribute("title").startswith(long_error) and "Traceback" in error.get_attribute("title")
+    assert error.text.startswith("ConnectionError:") and len(error.text) < len(long_error)
+    widths = browser.execute_script(
+        "const r = document.querySelector('#changelist .results');"
+        "return [document.documentElement.scrollWidth, window.innerWidth, r.scrollWidth, r.clientWidth];"
+    )
+    headers = browser.find_element(By.CSS_SELECTOR, "#result_list thead").text
+    screenshot(browser, "admin-failed-runs.png", capsys)
+    assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
+    assert "(UTC)" in headers, headers
+    assert console_errors(browser) == []
+
+
+def test_schedule_page_buttons_pause_resume_and_trigger_and_show_state_first(
+    store: Store, browser: Any, live_server: str, users: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator's schedule page shows status and next due (with their zone) above the policy, links
+    to the schedule's runs, and its Pause, Resume and Trigger buttons change the row; a viewer gets
+    the link but no button."""
+    from selenium.webdriver.common.by import By
+
+    for name in ("operator", "viewer"):
+        users[name].set_password(PASSWORD)
+        users[name].save()
+    log_in(browser, live_server, "operator")
+    console_errors(browser)
+    page_url = f"{live_server}{SCHEDULES}poll-partner/change/"
+    open_page(browser, page_url, "button.bb-pause_schedules")
+
+    def top(selector: str) -> float:
+        return float(browser.find_element(By.CSS_SELECTOR, selector).rect["y"])
+
+    assert top("div.field-status") < top("div.field-next_due_time") < top("div.field-policy")
+    assert browser.find_element(By.CSS_SELECTOR, "div.field-next_due_time").text.endswith("UTC")
+    link = browser.find_element(By.CSS_SELECTOR, "a.bb-runs-link")
+    assert link.text.lower() == "runs of this schedule"
+    assert link.get_attribute("href").endswith(f"{RUNS}?schedule=poll-partner")
+    assert browser.find_elements(By.CSS_SELECTOR, "button.bb-resume_schedules") == []
+    screenshot(browser, "admin-schedule-buttons.png", capsys)
+
+    press(browser, "button.bb-pause_schedules")
+    assert browser.current_url == page_url
+    assert "Schedule 'poll-partner' paused." in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert store.schedules(["poll-partner"])[0].paused is True
+    assert browser.find_elements(By.CSS_SELECTOR, "button.bb-pause_schedules") == []
+
+    press(browser, "button.bb-resume_schedules")
+    assert browser.find_elements(By.CSS_SELECTOR, "button.bb-pause_schedules")
+    assert store.schedules(["poll-partner"])[0].paused is False
+
+    press(browser, "button.bb-trigger_schedules")
+    assert "triggered" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert store.schedules(["poll-partner"])[0].pending_runs == 1
+    assert console_errors(browser) == []
+
+    log_in(browser, live_server, "viewer")
+    open_page(browser, page_url, "a.bb-runs-link")
+    assert browser.find_elements(By.CSS_SELECTOR, "form.bb-operate") == []

@@ -45,6 +45,28 @@ def test_overlapping_runs_get_lanes_of_their_own_and_are_named() -> None:
     assert overlapping(runs, now) == {"run-1", "run-2"}
 
 
+def test_a_run_that_waited_for_the_one_before_stays_in_its_lane() -> None:
+    """A no-overlap schedule whose runs each wait for the one before is drawn in one lane, its waiting
+    parts behind the bars, and nothing is outlined as an overlap."""
+    runs = [
+        RunPoint(
+            id=f"run-{n}",
+            state="completed",
+            scheduled_for=T0 + timedelta(seconds=10 * n),
+            started_at=T0 + timedelta(seconds=15 * n),
+            finished_at=T0 + timedelta(seconds=15 * n + 15),
+        )
+        for n in range(4)
+    ]
+    now = T0 + timedelta(seconds=70)
+    assert lanes(runs, now) == [0, 0, 0, 0]
+    assert overlapping(runs, now) == set()
+    svg = timeline_svg(runs, now=now, zone=UTC)
+    assert svg.count('class="bb-wait"') == 3 and "bb-overlap" not in svg
+    assert set(re.findall(r'class="bb-run[^"]*"[^>]* y="(\d+)"', svg)) == {"8"}
+    assert svg.index('class="bb-wait"') < svg.index('class="bb-run ')
+
+
 @pytest.mark.parametrize(
     ("timing", "text"),
     [
@@ -113,8 +135,9 @@ def test_pictures_escape_error_texts_and_ids() -> None:
     assert "&lt;img src=x onerror=alert(2)&gt;" in timeline_svg([evil], now=T0, zone=UTC)
 
 
-def test_change_list_reads_all_sparklines_in_one_query(store: Store, client_as: Any) -> None:
-    """Three schedules with runs cost one query on the runs table, and each row gets its own runs."""
+def test_change_list_reads_all_sparklines_and_counts_in_two_queries(store: Store, client_as: Any) -> None:
+    """Three schedules with runs cost two queries on the runs table (their recent runs, their
+    unsuccessful runs by state), and each row gets its own runs."""
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
@@ -126,7 +149,7 @@ def test_change_list_reads_all_sparklines_in_one_query(store: Store, client_as: 
     with CaptureQueriesContext(connections["default"]) as queries:
         html = page(client.get(SCHEDULES))
     on_runs = [q["sql"] for q in queries.captured_queries if "boundedbeat_runs" in q["sql"]]
-    assert len(on_runs) == 1, on_runs
+    assert len(on_runs) == 2, on_runs
     rows = dict(re.findall(r'field-name"><a href="[^"]*">([^<]+)</a>(.*?)</tr>', html, re.S))
     assert rows["poll-partner"].count('class="bb-spark ') == 20
     assert rows["export-report"].count('class="bb-spark ') == 3
@@ -156,7 +179,7 @@ def test_paused_and_stopped_schedules_show_no_next_due_time(store: Store, client
     )
     assert ">paused<" in cells["export-report"] and ":" not in re.sub(r"<[^>]+>", "", cells["export-report"])
     assert ">stopped<" in cells["poll-partner"] and "max_runs" in cells["poll-partner"]
-    assert re.search(r">\d\d:\d\d:\d\d<", cells["refresh-cache"])
+    assert re.search(r">\d\d-\d\d \d\d:\d\d:\d\d<", cells["refresh-cache"])
     assert "icon-no" not in html and "icon-yes" not in html
     detail = page(client_as("viewer").get(f"{SCHEDULES}export-report/change/"))
     assert "icon-no" not in detail and ">paused<" in detail
@@ -166,29 +189,69 @@ def test_run_list_shows_short_ids_coloured_states_and_links_to_the_schedule(
     store: Store, client_as: Any
 ) -> None:
     """A run's id is cut to 8 characters with the full id in its tooltip, its state is coloured, its
-    schedule links to the schedule's page and its times carry seconds."""
+    schedule links to the schedule's page, and its times carry seconds in the admin's time zone,
+    named in the list's headers and tooltips and after each time on the run's page."""
+    from django.test import override_settings
+
     when = datetime(2026, 12, 1, 6, 0, 5, tzinfo=UTC)
     run_id = add_run(
         store, "export-report", "timed_out", when, started_at=when, error="SoftTimeLimitExceeded()"
     )
-    html = page(client_as("viewer").get(RUNS))
+    with override_settings(TIME_ZONE="Europe/Berlin"):
+        html = page(client_as("viewer").get(RUNS))
+        detail = page(client_as("viewer").get(f"{RUNS}{run_id}/change/"))
     assert f'<span class="bb-id" title="{run_id}"' in html and f">{run_id[:8]}…<" in html
     assert f"color:{STATE_COLOURS['timed_out']}" in html
     assert f'href="{SCHEDULES}export-report/change/">export-report</a>' in html
-    assert "2026-12-01</span> <span" in html and ">06:00:05<" in html
-    detail = page(client_as("viewer").get(f"{RUNS}{run_id}/change/"))
-    assert ">06:00:05<" in detail and '<pre class="bb-error"' in detail
+    assert 'title="2026-12-01 07:00:05 CET" style="white-space:nowrap">12-01 07:00:05<' in html
+    assert ">Scheduled / started (Europe/Berlin)<" in html
+    assert ">2026-12-01 07:00:05 CET<" in detail and '<pre class="bb-error"' in detail
 
 
 def test_schedule_page_draws_its_runs_in_one_query(store: Store, client_as: Any) -> None:
-    """The timeline and the duration/drift chart of a schedule's page share one query and show every run."""
+    """The timeline and the duration/drift chart of a schedule's page share one query and show every
+    run (a second one counts its unsuccessful runs by state)."""
     from django.db import connections
     from django.test.utils import CaptureQueriesContext
 
     ids = add_history(store, "poll-partner", datetime.now(UTC), count=12)
     with CaptureQueriesContext(connections["default"]) as queries:
         html = page(client_as("viewer").get(f"{SCHEDULES}poll-partner/change/"))
-    assert len([q for q in queries.captured_queries if "boundedbeat_runs" in q["sql"]]) == 1
+    on_runs = [q["sql"] for q in queries.captured_queries if "boundedbeat_runs" in q["sql"]]
+    assert len(on_runs) == 2 and sum("GROUP BY" in sql for sql in on_runs) == 1, on_runs
     assert sorted(re.findall(r'<g data-run="([^"]+)">', html)) == sorted(ids)
     assert html.count('class="bb-point bb-drift') == 12 and html.count('class="bb-point bb-duration') == 11
     assert "every 10 s" in html
+
+
+def test_counts_call_only_failed_runs_failed(store: Store, client_as: Any) -> None:
+    """A schedule's counts say "failed" (in red) only for failed runs; time-outs, runs replace
+    revoked and other revoked runs have their own words, and one overlap is "1 overlap"."""
+    from sqlalchemy import update
+
+    from celery_boundedbeat.db.store import REPLACED
+    from celery_boundedbeat.db.tables import ScheduleRow
+
+    now = datetime.now(UTC)
+    for n, (state, error) in enumerate(
+        [("failed", TRACEBACK), ("failed", TRACEBACK), ("timed_out", "SoftTimeLimitExceeded()")]
+        + [("revoked", REPLACED)] * 3
+        + [("revoked", None), ("completed", None)]
+    ):
+        add_run(store, "poll-partner", state, now - timedelta(seconds=n), error=error)
+    with store.session() as s:
+        s.execute(
+            update(ScheduleRow)
+            .where(ScheduleRow.name == "poll-partner")
+            .values(runs=1, failures=7, replaced=3, overlaps=1)
+        )
+    html = page(client_as("viewer").get(SCHEDULES))
+    row = dict(re.findall(r'field-name"><a href="[^"]*">([^<]+)</a>(.*?)</tr>', html, re.S))["poll-partner"]
+    cell = re.search(r'<td class="field-run_history">(.*?)</td>', row, re.S)
+    assert cell is not None
+    counts = re.sub(r"<[^>]+>", "", cell[1].split("</svg>")[-1])
+    assert counts == "1 completed, 2 failed, 1 timed out, 1 revoked, 3 replaced, 1 overlap", counts
+    assert f'bb-count-failed" style="color:{STATE_COLOURS["failed"]}' in row
+    assert f'bb-count-timed_out" style="color:{STATE_COLOURS["failed"]}' not in row
+    detail = page(client_as("viewer").get(f"{SCHEDULES}poll-partner/change/"))
+    assert ">2 failed</span>" in detail and ">3 replaced</span>" in detail

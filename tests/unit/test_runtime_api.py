@@ -509,6 +509,25 @@ def test_remove_with_revoke_active_settles_every_active_run_revoked(
     assert store.settle_run(started, RunState.COMPLETED, now=utcnow()) is None
 
 
+def test_remove_schedule_revoking_returns_the_ids_it_revoked(
+    app: Celery, store: Store, revoked: list[Any]
+) -> None:
+    """remove_schedule_revoking says which runs it revoked: the active ones with revoke_active, none
+    without, and None for a name that is not there."""
+    from celery_boundedbeat.api.schedules import remove_schedule_revoking
+
+    for name in ("x", "y"):
+        add_schedule(app, name, "proj.t", 10)
+        due = row(store, name).next_due_at
+        assert due is not None
+        tick(app, store, due)
+    (active,) = [r.id for r in history(app, name="x")]
+    assert remove_schedule_revoking(app, "x", revoke_active=True) == (active,)
+    assert remove_schedule_revoking(app, "y") == ()
+    assert remove_schedule_revoking(app, "y") is None
+    assert revoked == [([active], {"terminate": True})]
+
+
 def test_remove_with_revoke_active_settles_even_if_the_broadcast_fails(
     app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

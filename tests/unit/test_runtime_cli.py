@@ -117,7 +117,10 @@ def test_add_with_options_and_a_policy_stores_them(app: Celery, store: Store) ->
         (["--every", "5", "--crontab", "* * * * *"], "not both"),
         ([], "--every SECONDS or --crontab"),
         (["--crontab", "* * * *"], "needs 5 fields"),
-        (["--crontab", "61 * * * *"], "not a valid crontab"),
+        (["--crontab", "61 * * * *"], "minute must be 0-59"),
+        (["--crontab", "abc * * * *"], "minute must be 0-59"),
+        (["--crontab", "0 9 1,,2 * *"], "day_of_month must be 1-31"),
+        (["--crontab", "0 9 * * 8"], "day_of_week must be 0-6 with Sunday 0"),
         (["--every", "5", "--args", "[1,"], "--args"),
         (["--every", "5", "--policy", "{mode: x}"], "--policy"),
         (["--every", "soon"], "--every"),
@@ -129,7 +132,7 @@ def test_add_usage_errors_exit_2_naming_the_option(
     """Contradictory, missing or malformed options are usage errors (exit 2) and write nothing."""
     result = run(app, "add", "x", "proj.t", *args)
     assert result.exit_code == 2, result.output
-    assert needle in result.output, result.output
+    assert needle in result.output and "weekday" not in result.output, result.output
     assert store.schedules() == []
 
 
@@ -190,7 +193,7 @@ def test_remove_prints_removed_keeps_history_and_revokes_active_runs(
     assert row.next_due_at is not None
     (emitted,) = store.tick(Resolver(app, {}), row.next_due_at, RNG, 10).emitted
     result = run(app, "remove", "x", "--revoke-active")
-    assert (result.exit_code, result.output) == (0, "x: removed\n")
+    assert (result.exit_code, result.output) == (0, "x: removed, 1 run revoked\n")
     assert calls == [([emitted.id], {"terminate": True})]
     history = json.loads(run(app, "history", "x", "--json").output)
     assert [(h["id"], h["state"]) for h in history] == [(emitted.id, "revoked")]

@@ -50,6 +50,12 @@ def test_fixed_delay_waits_the_period_after_each_finish(app: Celery) -> None:
     assert (tl.skips, tl.overlaps, tl.max_active, tl.completed) == (0, 0, 1, 5)
 
 
+def test_a_timeline_counts_in_words_with_plurals(app: Celery) -> None:
+    """A timeline's first line says "1 run" and "0 skips", never "1 runs"."""
+    tl = simulate({"task": "t", "schedule": 100}, hours=MINUTE, task_seconds=1, app=app)
+    assert str(tl).splitlines()[0].endswith(": 1 run, 0 skips, 0 overlaps"), str(tl)
+
+
 def test_no_overlap_skip_drops_every_tick_that_finds_the_run_active(app: Celery) -> None:
     """fixed_rate_no_overlap + skip: a 25 s task on a 10 s grid runs at 0 and 30; 10, 20, 40, 50 dropped."""
     tl = simulate({"task": "t", "schedule": 10}, hours=MINUTE, task_seconds=25, app=app)

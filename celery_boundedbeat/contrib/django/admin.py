@@ -17,78 +17,44 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
-from django.db import DatabaseError
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from ...api.schedules import remove_schedule
+from ...api.schedules import plural_runs, remove_schedule_revoking
 from ...core.exceptions import BoundedBeatError, ScheduleEndedError
 from ...core.ticks import TriggerRefused
 from ...db.row_state import RUNTIME
 from ...db.store import Store
 from .cells import (
     IDLE_COLOUR,
+    NEUTRAL_COLOUR,
+    OUTCOME_LABELS,
     PAUSED_COLOUR,
     STOPPED_COLOUR,
     breakable,
     label,
-    short_id,
     state_badge,
     sub,
     when,
+    zoned,
 )
 from .charts import RunPoint, colour, duration_drift_svg, sparkline_svg, timeline_svg
-from .checks import check_tables
 from .conf import admin_database, celery_app, store
 from .forms import POLICY_FIELDS, ScheduleForm
-from .models import Run, Schedule
-from .readable import describe_timing, format_ms
-from .recent import recent_runs, schedule_runs
+from .models import Schedule
+from .pages import TablesAdmin, when_field
+from .readable import describe_timing, plural
+from .recent import recent_runs, schedule_runs, unsuccessful_counts
+from .runs_admin import RunAdmin  # noqa: F401  (importing it registers the run pages)
 
 logger = logging.getLogger("celery_boundedbeat")
-
-#: Characters of a run's error shown in the run list (the detail page shows all of it).
-SHORT_ERROR_CHARS = 80
-
-
-class TablesAdmin(admin.ModelAdmin):
-    """Pages over the ``BOUNDEDBEAT_ADMIN_DATABASE`` alias (default ``"default"``)."""
-
-    show_full_result_count = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(admin_database())
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        """A database without the tables sends the user to the admin index saying what to run."""
-        try:
-            return super().changelist_view(request, extra_context)
-        except DatabaseError:
-            problems = check_tables()
-            if not problems:
-                raise
-            for problem in problems:
-                self.message_user(request, f"{problem.msg} {problem.hint or ''}", messages.ERROR)
-            return HttpResponseRedirect(reverse(f"{self.admin_site.name}:index"))
-
-
-class ReadOnlyAdmin(TablesAdmin):
-    """View-only pages: nobody adds, changes or deletes these rows here."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
 
 
 def _runtime(obj: Model | None) -> bool:
@@ -96,15 +62,12 @@ def _runtime(obj: Model | None) -> bool:
     return obj is None or getattr(obj, "origin", None) == RUNTIME
 
 
-def _when_field(field: str, description: str) -> Callable[[Any, Model], SafeString]:
-    """A read-only display of a datetime column with seconds (Django's default drops them)."""
-
-    @admin.display(description=description, ordering=field)
-    def show(self: Any, obj: Model) -> SafeString:
-        return when(getattr(obj, field))
-
-    shown: Callable[[Any, Model], SafeString] = show
-    return shown
+#: The list actions a schedule's page offers as buttons: their label, and when they are shown.
+PAGE_ACTIONS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "pause_schedules": ("Pause", lambda obj: not obj.paused),
+    "resume_schedules": ("Resume", lambda obj: obj.paused or obj.stopped),
+    "trigger_schedules": ("Trigger a run now", lambda obj: True),
+}
 
 
 class NotRemoved(Exception):
@@ -122,8 +85,8 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
                 "stop_reason",
                 "active_runs",
                 "pending_runs",
-                "next_due",
-                "last_run",
+                "next_due_time",
+                "last_run_time",
             )
         },
     ),
@@ -131,6 +94,7 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
         "Counters",
         {
             "fields": (
+                "counts",
                 "runs",
                 "grid_runs",
                 "failures",
@@ -150,8 +114,9 @@ RECENT_FIELDSET: tuple[str, dict[str, Any]] = (
     "Recent runs",
     {
         "fields": ("run_timeline", "run_chart"),
-        "description": "The last runs, oldest left: a pale part from scheduled to started, then the "
-        "state's colour until finished. Hover a bar or point for its times.",
+        "description": "The last runs, oldest left: a pale strip from scheduled to started, then the "
+        "state's colour until finished; a second lane means runs ran at the same time. Hover a bar or "
+        "point for its times.",
     },
 )
 #: The form of a runtime schedule (add, and change with ``change_schedule``).
@@ -203,6 +168,15 @@ def _recent(obj: Schedule) -> list[RunPoint]:
     return _page_runs(obj) if found is None else found
 
 
+def _unsuccessful(obj: Schedule) -> dict[str, int]:
+    """The change list's counts of this row's unsuccessful runs; a detail page reads its own."""
+    found: dict[str, int] | None = getattr(obj, "bb_unsuccessful", None)
+    if found is None:
+        found = unsuccessful_counts(admin_database(), [obj.name])[obj.name]
+        obj.bb_unsuccessful = found
+    return found
+
+
 def _timing(obj: Schedule) -> dict[str, Any] | None:
     try:
         value = json.loads(obj.timing) if isinstance(obj.timing, str) else obj.timing
@@ -214,16 +188,19 @@ def _timing(obj: Schedule) -> dict[str, Any] | None:
 class ScheduleChangeList(ChangeList):
     """A page of schedules that reads the recent runs of all its rows in one query.
 
-    The sparkline and last-run columns read what this attached to each row, so a page of
-    100 schedules costs one query for its runs, not 100.
+    The sparkline, counts and last-run columns read what this attached to each row, so a page
+    of 100 schedules costs two queries on the runs table, not 200.
     """
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         rows: list[Any] = list(self.result_list)  # type: ignore[has-type]
-        recent = recent_runs(admin_database(), [row.name for row in rows])
+        names = [row.name for row in rows]
+        recent = recent_runs(admin_database(), names)
+        unsuccessful = unsuccessful_counts(admin_database(), names)
         for row in rows:
             row.bb_recent = recent.get(row.name, [])
+            row.bb_unsuccessful = unsuccessful.get(row.name, {})
         self.result_list = rows
 
 
@@ -251,7 +228,8 @@ class ScheduleAdmin(TablesAdmin):
         head = ((None, {"fields": ("name", "defined_in", "task")}), *FORM_FIELDSETS[1:])
         editable = self.has_change_permission(request, obj)
         first, *rest = head if editable else VIEW_FIELDSETS
-        return (first, RECENT_FIELDSET, *rest, *STATE_FIELDSETS)
+        state, *counters = STATE_FIELDSETS
+        return (first, state, RECENT_FIELDSET, *rest, *counters)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         if obj is None:
@@ -279,18 +257,21 @@ class ScheduleAdmin(TablesAdmin):
         """Nothing to save: validating the form called the API, which wrote the row."""
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
-        """``remove_schedule``, revoking the active runs when the confirmation page asked to."""
+        """``remove_schedule``, revoking the active runs when the confirmation page asked to (and
+        saying how many)."""
         name = str(obj.pk)
         revoke = request.POST.get("revoke_active") == "on"
         with celery_app() as app:
             try:
-                removed = remove_schedule(app, name, revoke_active=revoke)
+                revoked = remove_schedule_revoking(app, name, revoke_active=revoke)
             except BoundedBeatError as exc:
                 raise NotRemoved(f"Schedule {name!r} was not removed: {exc}") from None
-        if not removed:
+        if revoked is None:
             raise NotRemoved(f"Schedule {name!r} is no longer in the database.")
         if revoke:
-            self.message_user(request, f"The active runs of {name!r}, if any, were revoked.", messages.INFO)
+            self.message_user(
+                request, f"{plural_runs(len(revoked))} of {name!r} revoked (the active ones).", messages.INFO
+            )
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> HttpResponse:
         """Django's confirmation page; a refused removal redirects with a warning (nothing logged)."""
@@ -352,40 +333,66 @@ class ScheduleAdmin(TablesAdmin):
 
     @admin.display(description="counts")
     def counts(self, obj: Schedule) -> SafeString:
-        """Completed runs always; failures, skips and overlaps only when there are any."""
-        items = [(obj.runs, "completed", colour("completed"))]
-        for value, word, tint in (
-            (obj.failures, "failed", colour("failed")),
-            (obj.skips, "skipped", "#455a64"),
-            (obj.overlaps, "overlaps", "#455a64"),
+        """Completed runs always; each other outcome, skips and overlaps only when there are any.
+
+        Only ``failed`` runs are called failed (in red); time-outs, lost and rejected runs have
+        their own amber words, and the runs ``replace`` revoked a neutral one.
+        """
+        items = [("completed", obj.runs, "completed", colour("completed"))]
+        found = _unsuccessful(obj)
+        items += [(state, found[state], word, tint) for state, word, tint in OUTCOME_LABELS if state in found]
+        for key, value, word, tint in (
+            ("replaced", obj.replaced, "replaced", NEUTRAL_COLOUR),
+            ("skipped", obj.skips, "skipped", NEUTRAL_COLOUR),
+            ("overlaps", obj.overlaps, plural(obj.overlaps, "overlap").partition(" ")[2], NEUTRAL_COLOUR),
         ):
             if value:
-                items.append((value, word, tint))
-        return format_html_join(", ", '<span style="color:{2};white-space:nowrap">{0} {1}</span>', items)
+                items.append((key, value, word, tint))
+        return format_html_join(
+            ", ",
+            '<span class="bb-count bb-count-{0}" style="color:{3};white-space:nowrap">{1} {2}</span>',
+            items,
+        )
 
-    @admin.display(description="last run")
-    def last_run(self, obj: Schedule) -> SafeString:
-        """The newest run's start (or grid time, before it started) and its state."""
+    def _last_run(self, obj: Schedule, *, compact: bool) -> SafeString:
         runs = _recent(obj)
         if not runs:
             return format_html("{}", "—")
         newest = runs[-1]
-        started = when(newest.started_at or newest.scheduled_for, compact=True)
+        started = when(newest.started_at or newest.scheduled_for, compact=compact)
         return format_html("{}<br>{}", started, state_badge(newest.state))
 
-    @admin.display(description="next due", ordering="next_due_at")
-    def next_due(self, obj: Schedule) -> SafeString:
-        """Paused or stopped instead of a time (the stored one is stale until it resumes), else the
-        time and what is running or pending."""
+    @admin.display(description=zoned("last run"))
+    def last_run(self, obj: Schedule) -> SafeString:
+        """The newest run's start (or grid time, before it started) and its state."""
+        return self._last_run(obj, compact=True)
+
+    @admin.display(description="last run")
+    def last_run_time(self, obj: Schedule) -> SafeString:
+        """The schedule page's last run: its whole time and zone."""
+        return self._last_run(obj, compact=False)
+
+    def _next_due(self, obj: Schedule, *, compact: bool) -> SafeString:
         if obj.paused or obj.stopped:
             return self.status(obj)
         status = self.status(obj)
         busy = sub(status) if obj.active_runs or obj.pending_runs else ""
-        return format_html("{}{}", when(obj.next_due_at, compact=True), busy)
+        return format_html("{}{}", when(obj.next_due_at, compact=compact), busy)
 
-    last_finished = _when_field("last_finished_at", "last finished")
-    created = _when_field("created_at", "created")
-    updated = _when_field("updated_at", "updated")
+    @admin.display(description=zoned("next due"), ordering="next_due_at")
+    def next_due(self, obj: Schedule) -> SafeString:
+        """Paused or stopped instead of a time (the stored one is stale until it resumes), else the
+        time and what is running or pending."""
+        return self._next_due(obj, compact=True)
+
+    @admin.display(description="next due")
+    def next_due_time(self, obj: Schedule) -> SafeString:
+        """The schedule page's next due: its whole time and zone."""
+        return self._next_due(obj, compact=False)
+
+    last_finished = when_field("last_finished_at", "last finished")
+    created = when_field("created_at", "created")
+    updated = when_field("updated_at", "updated")
 
     @admin.display(description="timeline")
     def run_timeline(self, obj: Schedule) -> SafeString:
@@ -395,6 +402,64 @@ class ScheduleAdmin(TablesAdmin):
     @admin.display(description="duration and drift")
     def run_chart(self, obj: Schedule) -> SafeString:
         return mark_safe(duration_drift_svg(_page_runs(obj), zone=timezone.get_current_timezone()))
+
+    def get_urls(self) -> list[URLPattern]:
+        """The schedule page's Pause / Resume / Trigger buttons post to ``<id>/operate/<action>/``."""
+        name = f"{self.opts.app_label}_{self.opts.model_name}_operate"
+        view = self.admin_site.admin_view(self.operate_view)  # staff only, CSRF checked
+        return [path("<path:object_id>/operate/<str:action>/", view, name=name), *super().get_urls()]
+
+    def operate_view(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """Run one list action (pause, resume, trigger) on this schedule, then back to its page.
+
+        The same action functions the list runs, offered by the same ``get_actions`` (so each
+        needs the permission its list action needs): one code path, one message per schedule.
+        """
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        actions = self.get_actions(request)
+        obj = self.get_object(request, unquote(object_id))
+        if action not in PAGE_ACTIONS or action not in actions:
+            raise PermissionDenied
+        if obj is None or not self.has_view_or_change_permission(request, obj):
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        func = actions[action][0]
+        func(self, request, self.get_queryset(request).filter(pk=obj.pk))
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:celery_boundedbeat_schedule_change", args=[quote(obj.pk)])
+        )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Model | None = None,
+    ) -> HttpResponse:
+        """A schedule's page gets a link to its runs and the buttons its user may press."""
+        if obj is not None:
+            context["bb_runs_url"] = self.runs_url(obj)
+            context["bb_buttons"] = self.page_buttons(request, obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def runs_url(self, obj: Model) -> str:
+        """The run list filtered to this schedule."""
+        url = reverse(f"{self.admin_site.name}:celery_boundedbeat_run_changelist")
+        return f"{url}?{urlencode({'schedule': obj.pk})}"
+
+    def page_buttons(self, request: HttpRequest, obj: Model) -> list[dict[str, str]]:
+        """The page's buttons the user may press and that change something now: Resume only for a
+        paused or stopped schedule, Pause only for one that is not paused."""
+        actions = self.get_actions(request)
+        shown = []
+        for action, (text, fits) in PAGE_ACTIONS.items():
+            if action in actions and fits(obj):
+                name = f"{self.admin_site.name}:celery_boundedbeat_schedule_operate"
+                url = reverse(name, args=[quote(obj.pk), action])
+                shown.append({"action": action, "label": text, "url": url})
+        return shown
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Pausing, resuming and triggering need ``celery_boundedbeat.operate_schedule``."""
@@ -459,91 +524,3 @@ class ScheduleAdmin(TablesAdmin):
                 self.message_user(
                     request, f"Schedule {name!r} is no longer in the database.", messages.WARNING
                 )
-
-
-@admin.register(Run)
-class RunAdmin(ReadOnlyAdmin):
-    """The run history: read-only, newest first, every time with seconds and states in colour."""
-
-    list_display = (
-        "run_id",
-        "schedule_link",
-        "task",
-        "state_label",
-        "scheduled",
-        "started",
-        "finished",
-        "duration",
-        "drift",
-        "worker",
-        "short_error",
-    )
-    list_display_links = ("run_id",)
-    list_filter = ("state", "schedule")
-    search_fields = ("id", "schedule", "task", "error")
-    date_hierarchy = "scheduled_for"
-    ordering = ("-enqueued_at",)
-    list_per_page = 100
-    actions = None
-    fieldsets = (
-        (None, {"fields": ("id", "schedule_link", "task", "state_label", "worker")}),
-        (
-            "Timeline",
-            {"fields": ("scheduled", "enqueued", "published", "started", "finished", "duration", "drift")},
-        ),
-        ("Error", {"fields": ("error_text",)}),
-    )
-    readonly_fields = (
-        "schedule_link",
-        "state_label",
-        "scheduled",
-        "enqueued",
-        "published",
-        "started",
-        "finished",
-        "duration",
-        "drift",
-        "error_text",
-    )
-
-    scheduled = _when_field("scheduled_for", "scheduled for")
-    enqueued = _when_field("enqueued_at", "enqueued")
-    published = _when_field("published_at", "published")
-    started = _when_field("started_at", "started")
-    finished = _when_field("finished_at", "finished")
-
-    @admin.display(description="run", ordering="id")
-    def run_id(self, obj: Run) -> SafeString:
-        return short_id(obj.id)
-
-    @admin.display(description="schedule", ordering="schedule")
-    def schedule_link(self, obj: Run) -> SafeString:
-        url = reverse(
-            f"{self.admin_site.name}:celery_boundedbeat_schedule_change", args=[quote(obj.schedule)]
-        )
-        return format_html('<a href="{}">{}</a>', url, obj.schedule)
-
-    @admin.display(description="state", ordering="state")
-    def state_label(self, obj: Run) -> SafeString:
-        return state_badge(obj.state)
-
-    @admin.display(description="duration", ordering="elapsed_ms")
-    def duration(self, obj: Run) -> str:
-        return format_ms(obj.elapsed_ms)
-
-    @admin.display(description="drift", ordering="drift_ms")
-    def drift(self, obj: Run) -> str:
-        return format_ms(obj.drift_ms)
-
-    @admin.display(description="error")
-    def error_text(self, obj: Run) -> SafeString | str:
-        """The whole error, traceback included, as preformatted text."""
-        if not obj.error:
-            return "—"
-        return format_html('<pre class="bb-error" style="white-space:pre-wrap;margin:0">{}</pre>', obj.error)
-
-    @admin.display(description="error", ordering="error")
-    def short_error(self, obj: Run) -> str:
-        first = (obj.error or "").strip().splitlines()[:1]
-        text = first[0] if first else ""
-        return text if len(text) <= SHORT_ERROR_CHARS else text[: SHORT_ERROR_CHARS - 1] + "…"

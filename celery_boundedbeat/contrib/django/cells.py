@@ -7,8 +7,10 @@ list, the run list and the detail pages say them the same way.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
+from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -21,6 +23,18 @@ SHORT_ID_CHARS = 8
 PAUSED_COLOUR = "#b26a00"
 STOPPED_COLOUR = "#546e7a"
 IDLE_COLOUR = "#607d8b"
+#: Outcomes worth a look that are not failures (a time-out, a lost or a rejected run).
+WARNING_COLOUR = "#b26a00"
+#: Outcomes that are someone's decision or the policy doing what was asked (revoked, replaced).
+NEUTRAL_COLOUR = "#455a64"
+#: How the schedules' counts name and colour each unsuccessful outcome: only ``failed`` is red.
+OUTCOME_LABELS: tuple[tuple[str, str, str], ...] = (
+    ("failed", "failed", colour("failed")),
+    ("timed_out", "timed out", WARNING_COLOUR),
+    ("lost", "lost", WARNING_COLOUR),
+    ("rejected", "rejected", WARNING_COLOUR),
+    ("revoked", "revoked", NEUTRAL_COLOUR),
+)
 
 
 def state_badge(state: str) -> SafeString:
@@ -43,25 +57,47 @@ def short_id(run_id: str) -> SafeString:
     )
 
 
-def when(value: datetime | None, *, compact: bool = False) -> SafeString:
-    """A time with seconds in the current time zone; date and time may wrap between them.
+def zone_name() -> str:
+    """The name of the time zone the admin shows times in (``TIME_ZONE``, or the activated one)."""
+    return str(timezone.get_current_timezone_name())
 
-    ``compact`` leaves today's date out (the full time is in the tooltip), for narrow columns.
+
+def zoned(description: str) -> Any:
+    """A column header naming the time zone, read when the page is drawn: ``scheduled (UTC)``."""
+    return lazy(lambda: f"{description} ({zone_name()})", str)()
+
+
+def when(value: datetime | None, *, compact: bool = False) -> SafeString:
+    """A time with seconds in the current time zone.
+
+    A page (``compact`` false) names the zone after the time: ``2026-12-06 10:04:05 UTC``. A
+    list cell (``compact``) has no room for it or the year: ``12-06 10:04:05`` on one line, the
+    whole time and zone in its tooltip and the zone in the column's header (:func:`zoned`).
     """
     zone = timezone.get_current_timezone()
     text = format_when(value, zone)
     if value is None:
         return format_html("{}", text)
-    day, _, clock = text.partition(" ")
-    if compact and day == format_when(timezone.now(), zone).partition(" ")[0]:
+    full = f"{text} {value.astimezone(zone).tzname() or zone_name()}"
+    if compact:
         return format_html(
-            '<span class="bb-when" title="{}" style="white-space:nowrap">{}</span>', text, clock
+            '<span class="bb-when" title="{}" style="white-space:nowrap">{}</span>',
+            full,
+            format_when(value, zone, short=True),
         )
+    return format_html('<span class="bb-when" style="white-space:nowrap">{}</span>', full)
+
+
+def clipped(text: str | None, *, full: str | None = None, width: str = "16em") -> SafeString:
+    """``text`` on one line cut with an ellipsis at ``width``; ``full`` (default ``text``) in its tooltip."""
+    if not text:
+        return format_html("{}", "—")
     return format_html(
-        '<span class="bb-when"><span style="white-space:nowrap">{}</span> '
-        '<span style="white-space:nowrap">{}</span></span>',
-        day,
-        clock,
+        '<span class="bb-clip" title="{}" style="display:block;max-width:{};overflow:hidden;'
+        'text-overflow:ellipsis;white-space:nowrap">{}</span>',
+        full or text,
+        width,
+        text,
     )
 
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, tzinfo
 from html import escape
 
 from ...core.enums import RunState
-from .readable import format_ms, format_when
+from .readable import format_ms, format_when, plural
 
 #: One colour per run state; the lists' state labels use the same ones.
 STATE_COLOURS: dict[str, str] = {
@@ -39,7 +39,9 @@ LANE_GAP = 4
 MARGIN = 8
 AXIS_HEIGHT = 18
 PANEL_HEIGHT = 80
-LABEL_WIDTH = 80
+LABEL_WIDTH = 56
+TITLE_HEIGHT = 16
+LEGEND_ROW = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,18 +72,29 @@ def _end(run: RunPoint, now: datetime) -> datetime:
     return run.started_at or run.scheduled_for
 
 
+def _begin(run: RunPoint, now: datetime) -> datetime:
+    """Where a run's coloured part begins: its start, or its end for a run that never started."""
+    return run.started_at or _end(run, now)
+
+
 def lanes(runs: Sequence[RunPoint], now: datetime) -> list[int]:
-    """A lane per run so no two bars share one where they overlap in time (greedy, by scheduled time)."""
-    order = sorted(range(len(runs)), key=lambda i: runs[i].scheduled_for)
+    """A lane per run so that no two runs' running parts share one where they overlap (greedy, by start).
+
+    Only running parts claim room: a run that waited for the one before it (``no_overlap``)
+    stays in that run's lane, its waiting part drawn behind it (:func:`timeline_svg`), so a
+    second lane always means runs that really ran at the same time.
+    """
+    order = sorted(range(len(runs)), key=lambda i: (_begin(runs[i], now), runs[i].scheduled_for))
     ends: list[datetime] = []
     lane_of = [0] * len(runs)
     for i in order:
         run = runs[i]
-        free = next((n for n, end in enumerate(ends) if end <= run.scheduled_for), None)
+        begin = _begin(run, now)
+        free = next((n for n, end in enumerate(ends) if end <= begin), None)
         if free is None:
             free = len(ends)
-            ends.append(run.scheduled_for)
-        ends[free] = max(_end(run, now), run.scheduled_for + timedelta(microseconds=1))
+            ends.append(begin)
+        ends[free] = max(_end(run, now), begin + timedelta(microseconds=1))
         lane_of[i] = free
     return lane_of
 
@@ -120,7 +133,7 @@ class _Scale:
 def _title(run: RunPoint, zone: tzinfo) -> str:
     lines = [
         f"run {run.id}: {run.state}",
-        f"scheduled {format_when(run.scheduled_for, zone)}",
+        f"scheduled {format_when(run.scheduled_for, zone)} ({zone})",
         f"started {format_when(run.started_at, zone)}",
         f"finished {format_when(run.finished_at, zone)}",
         f"duration {format_ms(run.elapsed_ms)}, drift {format_ms(run.drift_ms)}",
@@ -131,18 +144,22 @@ def _title(run: RunPoint, zone: tzinfo) -> str:
 
 
 def _axis(scale: _Scale, y: float, zone: tzinfo) -> list[str]:
-    """Time labels under a picture; seconds shown, and the date only where it changes."""
+    """Time labels under a picture: seconds shown, the month and day only where they change, and
+    the zone after the last one (``10:12:37 CET``). Short enough never to touch each other."""
     out = [
         f'<line x1="{scale.left:.1f}" y1="{y:.1f}" x2="{scale.left + scale.width:.1f}" '
         f'y2="{y:.1f}" stroke="#90a4ae"/>'
     ]
     last_day = ""
-    for n, tick in enumerate(scale.ticks()):
+    ticks = scale.ticks()
+    for n, tick in enumerate(ticks):
         local = tick.astimezone(zone)
-        day = local.strftime("%Y-%m-%d")
+        day = local.strftime("%m-%d")
         label = local.strftime("%H:%M:%S") if day == last_day else f"{day} {local:%H:%M:%S}"
         last_day = day
-        anchor = "start" if n == 0 else "end" if n == 5 else "middle"
+        if n == len(ticks) - 1:
+            label += f" {local.tzname() or zone}"
+        anchor = "start" if n == 0 else "end" if n == len(ticks) - 1 else "middle"
         out.append(
             f'<text class="bb-axis" x="{scale.x(tick):.1f}" y="{y + 13:.1f}" text-anchor="{anchor}" '
             f'fill="#546e7a">{escape(label)}</text>'
@@ -150,29 +167,37 @@ def _axis(scale: _Scale, y: float, zone: tzinfo) -> list[str]:
     return out
 
 
+def _lane_y(lane: int) -> int:
+    return MARGIN + lane * (LANE_HEIGHT + LANE_GAP)
+
+
+def _wait(run: RunPoint, lane: int, scale: _Scale, now: datetime, zone: tzinfo) -> str:
+    """A run's waiting part, scheduled to started: a pale strip drawn before every bar, so where the
+    run waited for the one before it, that run's bar covers it (it claims no lane of its own)."""
+    x0, x1 = scale.x(run.scheduled_for), scale.x(_begin(run, now))
+    if x1 - x0 < 0.5:
+        return ""
+    return (
+        f'<rect class="bb-wait" data-run="{escape(run.id)}" x="{x0:.1f}" y="{_lane_y(lane) + 4}" '
+        f'width="{x1 - x0:.1f}" height="{LANE_HEIGHT - 8}" fill="{WAIT_COLOUR}">'
+        f"<title>{_title(run, zone)}</title></rect>"
+    )
+
+
 def _bar(run: RunPoint, lane: int, scale: _Scale, now: datetime, zone: tzinfo, overlap: bool) -> str:
-    """A run's bar: a pale part from scheduled to started, its state's colour from started to end."""
-    y = MARGIN + lane * (LANE_HEIGHT + LANE_GAP)
-    x0 = scale.x(run.scheduled_for)
-    begin = run.started_at or _end(run, now)
-    x1 = scale.x(begin)
+    """A run's bar in its state's colour from started to end (a grey sliver for one not started)."""
+    y = _lane_y(lane)
+    x1 = scale.x(_begin(run, now))
     x2 = max(scale.x(_end(run, now)), x1 + 2)
     state = escape(run.state)
     classes = f"bb-run bb-state-{state}" + (" bb-overlap" if overlap else "")
     stroke = ' stroke="#000" stroke-width="1.5"' if overlap else ""
     fill = colour(run.state) if run.started_at is not None or run.finished_at is not None else WAIT_COLOUR
-    parts = [f'<g data-run="{escape(run.id)}"><title>{_title(run, zone)}</title>']
-    if x1 - x0 >= 0.5:
-        parts.append(
-            f'<rect class="bb-wait" x="{x0:.1f}" y="{y + 4}" width="{x1 - x0:.1f}" '
-            f'height="{LANE_HEIGHT - 8}" fill="{WAIT_COLOUR}"/>'
-        )
-    parts.append(
+    return (
+        f'<g data-run="{escape(run.id)}"><title>{_title(run, zone)}</title>'
         f'<rect class="{classes}" data-state="{state}" x="{x1:.1f}" y="{y}" width="{x2 - x1:.1f}" '
-        f'height="{LANE_HEIGHT}" rx="2" fill="{fill}"{stroke}/>'
+        f'height="{LANE_HEIGHT}" rx="2" fill="{fill}"{stroke}/></g>'
     )
-    parts.append("</g>")
-    return "".join(parts)
 
 
 def _legend(states: Sequence[str], x: float, y: float) -> list[str]:
@@ -197,9 +222,11 @@ def _svg_open(cls: str, width: int, height: int, title: str) -> str:
 
 
 def timeline_svg(runs: Sequence[RunPoint], *, now: datetime, zone: tzinfo, width: int = 900) -> str:
-    """Each run as a bar from scheduled to start to finish, overlapping runs in lanes of their own.
+    """Each run as a bar from start to finish after a pale strip from scheduled to start.
 
-    Outlined bars ran while another run did (an overlap); a bar still growing is active.
+    Runs whose running parts overlap get lanes of their own and are outlined; a run that only
+    waited while another ran stays in its lane, its strip behind that run's bar. A bar still
+    growing is active.
     """
     if not runs:
         return '<p class="bb-empty">No runs recorded yet.</p>'
@@ -209,18 +236,19 @@ def timeline_svg(runs: Sequence[RunPoint], *, now: datetime, zone: tzinfo, width
     end = max(_end(run, now) for run in runs)
     scale = _Scale(start, end, MARGIN, width - MARGIN)
     body_height = MARGIN + (max(lane_of) + 1) * (LANE_HEIGHT + LANE_GAP)
-    height = body_height + AXIS_HEIGHT + 22
+    legend_y = body_height + AXIS_HEIGHT + 18
+    height = legend_y + (LEGEND_ROW if overlaps else 0) + 4
     parts = [_svg_open("bb-timeline", width, height, f"Timeline of the last {len(runs)} runs")]
-    parts += [
-        _bar(run, lane, scale, now, zone, run.id in overlaps) for run, lane in zip(runs, lane_of, strict=True)
-    ]
+    placed = list(zip(runs, lane_of, strict=True))
+    parts += [_wait(run, lane, scale, now, zone) for run, lane in placed]
+    parts += [_bar(run, lane, scale, now, zone, run.id in overlaps) for run, lane in placed]
     parts += _axis(scale, body_height, zone)
     seen = [s for s in STATE_COLOURS if any(run.state == s for run in runs)]
-    parts += _legend(seen, MARGIN, height - 4)
+    parts += _legend(seen, MARGIN, legend_y)
     if overlaps:
         parts.append(
-            f'<text class="bb-overlap-note" x="{width - MARGIN}" y="{height - 4}" text-anchor="end" '
-            f'fill="#37474f">outlined: {len(overlaps)} runs overlapped another</text>'
+            f'<text class="bb-overlap-note" x="{MARGIN}" y="{legend_y + LEGEND_ROW}" fill="#37474f">'
+            f"outlined: {plural(len(overlaps), 'run')} ran while another run did</text>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -229,22 +257,30 @@ def timeline_svg(runs: Sequence[RunPoint], *, now: datetime, zone: tzinfo, width
 def _panel(
     runs: Sequence[RunPoint],
     values: Sequence[int | None],
-    label: str,
+    kind: str,
+    title: str,
     top: float,
     scale: _Scale,
-    zone: tzinfo,
 ) -> list[str]:
-    """One line chart of ``values`` (ms) against the runs' scheduled times, points in state colours."""
+    """One line chart of ``values`` (ms) against the runs' scheduled times, points in state colours.
+
+    Its title has a row of its own above the plot, and the scale's top and zero sit in the
+    gutter left of it, so no text ever lies where a point can be drawn.
+    """
     top_value = max([v for v in values if v is not None] + [1])
-    bottom = top + PANEL_HEIGHT
+    plot_top = top + TITLE_HEIGHT
+    bottom = plot_top + PANEL_HEIGHT
 
     def y(value: int) -> float:
-        return bottom - max(value, 0) / top_value * (PANEL_HEIGHT - 6)
+        return bottom - max(value, 0) / top_value * (PANEL_HEIGHT - 4)
 
-    kind = label.split()[0]
+    gutter = scale.left - 6
     out = [
-        f'<text x="{MARGIN}" y="{top + 10:.1f}" fill="#37474f" font-weight="bold">{escape(label)}</text>',
-        f'<text x="{MARGIN}" y="{top + 24:.1f}" fill="#546e7a">max {escape(format_ms(top_value))}</text>',
+        f'<text class="bb-panel-title" x="{MARGIN}" y="{top + 11:.1f}" fill="#37474f" font-weight="bold">'
+        f"{escape(title)}</text>",
+        f'<text class="bb-scale" x="{gutter:.1f}" y="{plot_top + 8:.1f}" text-anchor="end" fill="#546e7a">'
+        f"{escape(format_ms(top_value))}</text>",
+        f'<text class="bb-scale" x="{gutter:.1f}" y="{bottom:.1f}" text-anchor="end" fill="#546e7a">0</text>',
         f'<line x1="{scale.left:.1f}" y1="{bottom:.1f}" x2="{scale.left + scale.width:.1f}" '
         f'y2="{bottom:.1f}" stroke="#cfd8dc"/>',
     ]
@@ -260,7 +296,7 @@ def _panel(
         out.append(
             f'<circle class="bb-point bb-{kind} bb-state-{escape(run.state)}" data-run="{escape(run.id)}" '
             f'cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour(run.state)}"><title>'
-            f"{escape(f'{run.id}: {label} {format_ms(value)} ({run.state})')}</title></circle>"
+            f"{escape(f'{run.id}: {kind} {format_ms(value)} ({run.state})')}</title></circle>"
         )
     return out
 
@@ -272,12 +308,14 @@ def duration_drift_svg(runs: Sequence[RunPoint], *, zone: tzinfo, width: int = 9
         return '<p class="bb-empty">No durations or drifts recorded yet.</p>'
     start, end = timed[0].scheduled_for, timed[-1].scheduled_for
     scale = _Scale(start, end, LABEL_WIDTH + MARGIN, width - MARGIN)
-    second = MARGIN + PANEL_HEIGHT + 16
-    height = second + PANEL_HEIGHT + AXIS_HEIGHT + 4
+    second = MARGIN + TITLE_HEIGHT + PANEL_HEIGHT + 12
+    height = second + TITLE_HEIGHT + PANEL_HEIGHT + AXIS_HEIGHT + 4
     parts = [_svg_open("bb-chart", width, height, f"Duration and drift of the last {len(timed)} runs")]
-    parts += _panel(timed, [r.elapsed_ms for r in timed], "duration (ms)", MARGIN, scale, zone)
-    parts += _panel(timed, [r.drift_ms for r in timed], "drift (ms)", second, scale, zone)
-    parts += _axis(scale, second + PANEL_HEIGHT, zone)
+    parts += _panel(timed, [r.elapsed_ms for r in timed], "duration", "duration of each run", MARGIN, scale)
+    parts += _panel(
+        timed, [r.drift_ms for r in timed], "drift", "drift: how late each run was emitted", second, scale
+    )
+    parts += _axis(scale, second + TITLE_HEIGHT + PANEL_HEIGHT, zone)
     parts.append("</svg>")
     return "".join(parts)
 

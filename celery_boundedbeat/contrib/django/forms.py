@@ -26,7 +26,7 @@ from django.contrib.admin import widgets
 from sqlalchemy.exc import SQLAlchemyError
 
 from ...api.schedules import add_schedule, update_schedule
-from ...config.definitions import CRONTAB_FIELDS
+from ...config.cron import CRONTAB_FIELDS, crontab_problems
 from ...core.enums import MissedTicks, Mode
 from ...core.exceptions import BoundedBeatError, ConfigurationError
 from ...core.limits import MAX_SCHEDULE_NAME, MAX_TASK_NAME
@@ -271,11 +271,8 @@ class ScheduleForm(forms.ModelForm):
         if kind == "solar":
             return solar(data["event"], float(data["lat"]), float(data["lon"]), app=app)
         fields = {f: (data.get(f) or "*").strip() for f in CRONTAB_FIELDS}
-        for key, text in fields.items():
-            try:
-                crontab(**{key: text}, app=app)
-            except (ValueError, TypeError) as exc:
-                self.add_error(key, f"Not a crontab {key.replace('_', ' ')}: {exc}")
+        for _, key, reason in crontab_problems(self.instance.name or "", fields):
+            self.add_error(key, reason[0].upper() + reason[1:])
         return None if self.errors else crontab(**fields, app=app)
 
     def _apply(self, app: Celery, data: Mapping[str, Any], schedule: Any) -> None:

@@ -68,7 +68,10 @@ class Schedule(models.Model):
     buffer_drops = models.BigIntegerField(help_text="Ticks dropped from the pending buffer.")
     replaced = models.BigIntegerField(help_text="Active runs revoked for a newer tick (replace).")
     overlaps = models.BigIntegerField(help_text="Runs started while another was active.")
-    failures = models.BigIntegerField(help_text="Runs that ended in a failure state.")
+    failures = models.BigIntegerField(
+        help_text="Runs that did not complete: failed, timed out, lost, rejected, revoked or replaced "
+        "(the counts above name each)."
+    )
     last_drift_ms = models.BigIntegerField(null=True)
     last_elapsed_ms = models.BigIntegerField(null=True)
     max_elapsed_ms = models.BigIntegerField(null=True)
@@ -119,4 +122,4 @@ class Run(models.Model):
         default_permissions = ("view",)
 
     def __str__(self) -> str:
-        return f"{self.schedule} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S} ({self.id})"
+        return f"{self.schedule} @ {self.scheduled_for:%Y-%m-%d %H:%M:%S %Z} ({self.id})"

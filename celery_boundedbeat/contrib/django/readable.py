@@ -31,11 +31,19 @@ def format_ms(ms: float | None) -> str:
     return f"{ms / 3_600_000:.1f} h"
 
 
-def format_when(value: datetime | None, zone: tzinfo) -> str:
-    """``2026-12-01 06:00:05``: always with seconds, since schedules tick every few seconds."""
+def format_when(value: datetime | None, zone: tzinfo, *, short: bool = False) -> str:
+    """``2026-12-01 06:00:05``: always with seconds, since schedules tick every few seconds.
+
+    ``short`` drops the year (``12-01 06:00:05``), for list cells that must stay on one line.
+    """
     if value is None:
         return "—"
-    return value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+    return value.astimezone(zone).strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S")
+
+
+def plural(n: int, word: str) -> str:
+    """``1 overlap``, ``2 overlaps``, ``0 overlaps``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def every(seconds: float) -> str:
