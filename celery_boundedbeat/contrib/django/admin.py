@@ -276,7 +276,10 @@ class ScheduleAdmin(TablesAdmin):
         return actions
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
-        """Nothing to save: validating the form called the API, which wrote the row."""
+        """Nothing to save: validating the form called the API, which wrote the row; what it
+        saved but warns about (unknown ``options`` keys) is shown above the next page."""
+        for warning in getattr(form, "warnings", ()):
+            self.message_user(request, warning, messages.WARNING)
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         """``remove_schedule``, revoking the active runs when the confirmation page asked to."""
