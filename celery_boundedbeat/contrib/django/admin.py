@@ -30,6 +30,7 @@ from django.utils.safestring import SafeString, mark_safe
 from ...api.schedules import remove_schedule
 from ...core.exceptions import BoundedBeatError, ScheduleEndedError
 from ...core.ticks import TriggerRefused
+from ...core.unstarted import queue_of, waiting_for
 from ...db.row_state import RUNTIME
 from ...db.store import Store
 from .cells import (
@@ -50,6 +51,7 @@ from .forms import POLICY_FIELDS, ScheduleForm
 from .models import Run, Schedule
 from .readable import describe_timing, format_ms
 from .recent import recent_runs, schedule_runs
+from .waiting import unstarted_runs
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -203,6 +205,20 @@ def _recent(obj: Schedule) -> list[RunPoint]:
     return _page_runs(obj) if found is None else found
 
 
+def _unstarted(obj: Schedule) -> int:
+    """Its published runs no worker started: what the change list read, or one query."""
+    found: int | None = getattr(obj, "bb_unstarted", None)
+    return unstarted_runs(admin_database(), [obj.name]).get(obj.name, 0) if found is None else found
+
+
+def _options(obj: Schedule) -> dict[str, Any] | None:
+    try:
+        value = json.loads(obj.options) if isinstance(obj.options, str) else obj.options
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _timing(obj: Schedule) -> dict[str, Any] | None:
     try:
         value = json.loads(obj.timing) if isinstance(obj.timing, str) else obj.timing
@@ -222,8 +238,10 @@ class ScheduleChangeList(ChangeList):
         super().get_results(request)
         rows: list[Any] = list(self.result_list)  # type: ignore[has-type]
         recent = recent_runs(admin_database(), [row.name for row in rows])
+        busy = unstarted_runs(admin_database(), [row.name for row in rows if row.active_runs])
         for row in rows:
             row.bb_recent = recent.get(row.name, [])
+            row.bb_unstarted = busy.get(row.name, 0)
         self.result_list = rows
 
 
@@ -351,6 +369,14 @@ class ScheduleAdmin(TablesAdmin):
         ]
         if not busy:
             return label("idle", IDLE_COLOUR, "no run active or pending")
+        unstarted = _unstarted(obj)
+        if unstarted:
+            return label(
+                waiting_for(queue_of(_options(obj))),
+                colour("published"),
+                f"{unstarted} published run(s) not started by any worker within "
+                "boundedbeat_unstarted_warning: does a worker consume that queue?",
+            )
         return label(", ".join(busy), colour("started"))
 
     @admin.display(description="counts")
