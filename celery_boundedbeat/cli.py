@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import textwrap
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from .db.store import utcnow
 from .db.unstarted import read_unstarted
 from .ops.health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
 from .ops.metrics import exposition, read_snapshot
-from .ops.tables import fmt_time, history_table, status_table, table
+from .ops.tables import STATUS_WIDTH, fmt_time, history_table, status_table, table
 
 
 def _app(ctx: click.Context) -> Celery:
@@ -120,21 +121,22 @@ def status(ctx: click.Context, as_json: bool, fmt: str, wide: bool) -> None:
     words = {r.name: describe_timing(r.timing, r.period, r.schedule) for r in rows}
     waiting = {u.schedule: u.text for u in unstarted}
     click.echo(status_table([ScheduleSnapshot.from_row(r) for r in rows], words, waiting, wide=wide))
-    for line in _unstarted_notes(unstarted, now, bound):
+    for line in _unstarted_notes(unstarted, now, bound, wide):
         click.echo(line)
     holder = store.lease_holder(LEASE_NAME, now)
     click.echo(f"\nbeat lease: {holder[0] + ' until ' + fmt_time(holder[1]) if holder else 'not held'}")
 
 
-def _unstarted_notes(unstarted: tuple[Unstarted, ...], now: datetime, bound: float) -> list[str]:
+def _unstarted_notes(unstarted: tuple[Unstarted, ...], now: datetime, bound: float, wide: bool) -> list[str]:
     """One line per schedule whose published runs no worker started (below the table)."""
-    if not unstarted:
-        return []
-    return [""] + [
-        f"{u.schedule}: {u.text}: {u.runs} run(s) published, the oldest {u.waited(now):.0f} s ago, "
-        f"none started (boundedbeat_unstarted_warning {bound:g} s)"
+    lines = [
+        f"{u.schedule}: {u.text} ({u.runs} run(s) published, the oldest {u.waited(now):.0f} s ago, "
+        f"none started within boundedbeat_unstarted_warning, {bound:g} s)"
         for u in unstarted
     ]
+    if not wide:
+        lines = [textwrap.fill(line, STATUS_WIDTH, subsequent_indent="  ") for line in lines]
+    return ["", *lines] if lines else []
 
 
 def _parse_since(value: str | None) -> datetime | None:

@@ -267,8 +267,9 @@ def test_status_says_which_queue_a_run_no_worker_started_waits_on(app: Celery, s
         )  # fmt: skip
     lines = run(app, "status").output.splitlines()
     assert "waiting: queue nowhere" in lines[2], lines
+    assert max(len(line) for line in lines) <= 100, lines
     assert any(
-        line.startswith("report: waiting for a worker on queue nowhere: 1 run(s) published, the oldest 4")
+        line.startswith("report: waiting for a worker on queue nowhere (1 run(s) published, the oldest 4")
         for line in lines
     ), lines
     assert "waiting for a worker on queue nowhere" in run(app, "status", "--wide").output
