@@ -208,7 +208,10 @@ def _recent(obj: Schedule) -> list[RunPoint]:
 def _unstarted(obj: Schedule) -> int:
     """Its published runs no worker started: what the change list read, or one query."""
     found: int | None = getattr(obj, "bb_unstarted", None)
-    return unstarted_runs(admin_database(), [obj.name]).get(obj.name, 0) if found is None else found
+    if found is None:
+        found = unstarted_runs(admin_database(), [obj.name]).get(obj.name, 0)
+        obj.bb_unstarted = found
+    return found
 
 
 def _options(obj: Schedule) -> dict[str, Any] | None:
