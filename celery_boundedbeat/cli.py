@@ -5,24 +5,29 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import textwrap
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
 from celery import Celery
 
-from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot, store_for
+from .api.queries import ScheduleSnapshot, history, snapshot, store_for
 from .config.settings import Settings
 from .core.enums import RunState
 from .core.exceptions import BoundedBeatError, ConfigurationError, ScheduleEndedError
 from .core.redact import driver_reason, mask_url, scrub
 from .core.ticks import TriggerRefused
+from .core.unstarted import Unstarted
+from .core.words import describe_timing
 from .db.engine import get_engine
 from .db.lease import LEASE_NAME
 from .db.migrate import current_revision, head_revision, require_current, upgrade
 from .db.store import utcnow
+from .db.unstarted import read_unstarted
 from .ops.health import DEFAULT_MAX_QUEUE_AGE, DEFAULT_MAX_TICK_AGE, Bounds, bound_refusal, probe
 from .ops.metrics import exposition, read_snapshot
+from .ops.tables import STATUS_WIDTH, fmt_time, history_table, status_table, table
 
 
 def _app(ctx: click.Context) -> Celery:
@@ -54,21 +59,6 @@ def _ready(app: Celery) -> None:
         require_current(get_engine(url), mask_url(url))
     except Exception as exc:
         raise _database_error("cannot use the database", url, exc) from None
-
-
-def _fmt_time(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
 
 
 @click.group(name="boundedbeat")
@@ -107,68 +97,46 @@ def migrate(ctx: click.Context) -> None:
     show_default=True,
     help="prometheus: the metrics beat serves at /metrics, in the Prometheus text format.",
 )
+@click.option("--wide", is_flag=True, help="Every column, whatever the width (default: fit 100 columns).")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool, fmt: str) -> None:
-    """One row per schedule: state, next due time, counters (or the Prometheus metrics)."""
+def status(ctx: click.Context, as_json: bool, fmt: str, wide: bool) -> None:
+    """One row per schedule: its schedule, state, next due time, counters (or the Prometheus metrics)."""
     app = _app(ctx)
     _ready(app)
     if fmt == "prometheus":
         _print_metrics(app, as_json)
         return
-    snaps = snapshot(app)
     if as_json or fmt == "json":
-        click.echo(json.dumps([s.to_json() for s in snaps], indent=2))
+        click.echo(json.dumps([s.to_json() for s in snapshot(app)], indent=2))
         return
-    if not snaps:
+    store = store_for(app)
+    rows = store.schedules()
+    if not rows:
         click.echo("no schedules yet (start beat with -S celery_boundedbeat.Scheduler)")
         return
-    click.echo(
-        _table(
-            [
-                "NAME",
-                "ORIGIN",
-                "MODE",
-                "TIMEZONE",
-                "STATE",
-                "NEXT DUE (UTC)",
-                "ACTIVE",
-                "PENDING",
-                "RUNS",
-                "FAILURES",
-                "SKIPS",
-                "BUSY/WINDOW/BUFFER",
-                "REPLACED",
-                "OVERLAPS",
-                "LAST MS",
-            ],
-            [_status_row(s) for s in snaps],
-        )
-    )
-    holder = store_for(app).lease_holder(LEASE_NAME, utcnow())
-    click.echo(f"\nbeat lease: {holder[0] + ' until ' + _fmt_time(holder[1]) if holder else 'not held'}")
+    now = utcnow()
+    bound = _settings(app).unstarted_warning
+    with store.engine.connect() as conn:
+        unstarted = read_unstarted(conn, now, bound)
+    words = {r.name: describe_timing(r.timing, r.period, r.schedule) for r in rows}
+    waiting = {u.schedule: u.text for u in unstarted}
+    click.echo(status_table([ScheduleSnapshot.from_row(r) for r in rows], words, waiting, wide=wide))
+    for line in _unstarted_notes(unstarted, now, bound, wide):
+        click.echo(line)
+    holder = store.lease_holder(LEASE_NAME, now)
+    click.echo(f"\nbeat lease: {holder[0] + ' until ' + fmt_time(holder[1]) if holder else 'not held'}")
 
 
-def _status_row(s: ScheduleSnapshot) -> list[str]:
-    state = "paused" if s.paused else "stopped" if s.stopped else "running" if s.running else "idle"
-    if s.stop_reason and (s.stopped or s.stop_reason != "stop_schedule"):
-        state += f" ({s.stop_reason})"
-    return [
-        s.name,
-        s.origin,
-        s.mode,
-        s.timezone or "-",
-        state,
-        _fmt_time(s.next_due_at),
-        str(s.active_runs),
-        str(s.pending_runs),
-        str(s.runs),
-        str(s.failures),
-        str(s.skips),
-        f"{s.busy_skips}/{s.window_drops}/{s.buffer_drops}",
-        str(s.replaced),
-        str(s.overlaps),
-        "-" if s.last_elapsed_ms is None else str(s.last_elapsed_ms),
+def _unstarted_notes(unstarted: tuple[Unstarted, ...], now: datetime, bound: float, wide: bool) -> list[str]:
+    """One line per schedule whose published runs no worker started (below the table)."""
+    lines = [
+        f"{u.schedule}: {u.text} ({u.runs} run(s) published, the oldest {u.waited(now):.0f} s ago, "
+        f"none started within boundedbeat_unstarted_warning, {bound:g} s)"
+        for u in unstarted
     ]
+    if not wide:
+        lines = [textwrap.fill(line, STATUS_WIDTH, subsequent_indent="  ") for line in lines]
+    return ["", *lines] if lines else []
 
 
 def _parse_since(value: str | None) -> datetime | None:
@@ -206,25 +174,7 @@ def history_cmd(
     if as_json:
         click.echo(json.dumps([r.to_json() for r in runs], indent=2))
         return
-    click.echo(
-        _table(
-            ["ID", "SCHEDULE", "STATE", "SCHEDULED FOR (UTC)", "STARTED", "ELAPSED MS", "DRIFT MS", "ERROR"],
-            [_history_row(r) for r in runs],
-        )
-    )
-
-
-def _history_row(r: RunRecord) -> list[str]:
-    return [
-        r.id,
-        r.schedule,
-        r.state.value,
-        _fmt_time(r.scheduled_for),
-        _fmt_time(r.started_at),
-        "-" if r.elapsed_ms is None else str(r.elapsed_ms),
-        "-" if r.drift_ms is None else str(r.drift_ms),
-        (r.error or "")[:60],
-    ]
+    click.echo(history_table(runs))
 
 
 def _named(ctx: click.Context, name: str, action: str, op: Any) -> None:
@@ -339,7 +289,7 @@ def _print_metrics(app: Celery, as_json: bool) -> None:
         raise click.UsageError("--json and --format prometheus exclude each other")
     url = _settings(app).database_url
     try:
-        text = exposition(read_snapshot(get_engine(url), utcnow()))
+        text = exposition(read_snapshot(get_engine(url), utcnow(), _settings(app).unstarted_warning))
     except Exception as exc:
         raise _database_error("cannot read the metrics from", url, exc) from None
     click.echo(text, nl=False)
@@ -360,9 +310,22 @@ def _print_metrics(app: Celery, as_json: bool) -> None:
     show_default=True,
     help="Seconds the oldest queued message may be overdue (0: do not check the queue).",
 )
+@click.option(
+    "--max-unstarted-age",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds a published run may wait for a worker to start it (default: "
+    "boundedbeat_unstarted_warning, 300; 0: do not check).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of one line.")
 @click.pass_context
-def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_json: bool) -> None:
+def health(
+    ctx: click.Context,
+    max_tick_age: float,
+    max_queue_age: float,
+    max_unstarted_age: float | None,
+    as_json: bool,
+) -> None:
     """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why."""
     app = _app(ctx)
     try:
@@ -370,7 +333,10 @@ def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_jso
     except BoundedBeatError as exc:
         click.echo(f"unhealthy: {' '.join(str(exc).split())}")
         ctx.exit(1)
-    bounds = Bounds(max_tick_age=max_tick_age, max_queue_age=max_queue_age or None)
+    unstarted = settings.unstarted_warning if max_unstarted_age is None else max_unstarted_age
+    bounds = Bounds(
+        max_tick_age=max_tick_age, max_queue_age=max_queue_age or None, max_unstarted_age=unstarted or None
+    )
     refusal = bound_refusal(bounds, settings.lease_renew_interval)
     if refusal is not None:
         click.echo(f"unhealthy: {refusal}")
@@ -605,10 +571,10 @@ def check(ctx: click.Context, count: int) -> None:
     now = utcnow()
     rows = []
     for name, d in sorted(definitions.items()):
-        due = ", ".join(_fmt_time(t) for t in _next_due_times(d.spec, now, count))
+        due = ", ".join(fmt_time(t) for t in _next_due_times(d.spec, now, count))
         if d.spec.policy.mode.value == "fixed_delay":
             due += f" (then {d.spec.period:g} s after each run finishes)"
         shown = d.spec.schedule_repr + (f" in {d.spec.timezone}" if d.spec.timezone else "")
         rows.append([name, d.spec.task, d.spec.policy.mode.value, shown, due])
-    click.echo(_table(["NAME", "TASK", "MODE", "SCHEDULE", "NEXT DUE (UTC, if first seen now)"], rows))
+    click.echo(table(["NAME", "TASK", "MODE", "SCHEDULE", "NEXT DUE (UTC, if first seen now)"], rows))
     click.echo(f"\n{len(rows)} schedule(s) valid")

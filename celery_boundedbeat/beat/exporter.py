@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from sqlalchemy import Engine
 
 from ..core.loops import BackgroundLoop, OutageLog
+from ..core.unstarted import DEFAULT_UNSTARTED_WARNING
 from ..db.store import utcnow
 from ..ops.metrics import MetricsSnapshot, SnapshotCollector, read_snapshot
 
@@ -38,8 +39,10 @@ class MetricsExporter:
         refresh_interval: float,
         leader: Callable[[], bool],
         now: Callable[[], datetime] = utcnow,
+        unstarted_after: float | None = DEFAULT_UNSTARTED_WARNING,
     ) -> None:
         self.refresh_interval = refresh_interval
+        self._unstarted_after = unstarted_after
         self._engine = engine
         self._now = now
         self._snapshot: MetricsSnapshot | None = None
@@ -60,7 +63,7 @@ class MetricsExporter:
     def refresh(self) -> bool:
         """Read a new snapshot; on failure keep the old one and log the streak."""
         try:
-            snapshot = read_snapshot(self._engine, self._now())
+            snapshot = read_snapshot(self._engine, self._now(), self._unstarted_after)
         except Exception as exc:
             self._reads.failed(exc)
             return False
@@ -93,14 +96,22 @@ class MetricsExporter:
 
 
 def serve_metrics(
-    engine: Engine, *, host: str, port: int, refresh_interval: float, leader: Callable[[], bool]
+    engine: Engine,
+    *,
+    host: str,
+    port: int,
+    refresh_interval: float,
+    leader: Callable[[], bool],
+    unstarted_after: float | None = DEFAULT_UNSTARTED_WARNING,
 ) -> MetricsExporter | None:
     """Start beat's endpoint, or log why not and return ``None``.
 
     An endpoint that cannot bind (the port is taken, say by a second beat on the host) costs
     the metrics, not the scheduling: beat goes on without them, after one error line.
     """
-    exporter = MetricsExporter(engine, refresh_interval=refresh_interval, leader=leader)
+    exporter = MetricsExporter(
+        engine, refresh_interval=refresh_interval, leader=leader, unstarted_after=unstarted_after
+    )
     try:
         bound_host, bound_port = exporter.start(host, port)
     except OSError as exc:

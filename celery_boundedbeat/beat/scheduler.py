@@ -251,14 +251,18 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             )
             self._listener.start()
         if settings.metrics_port is not None:
-            self._metrics = serve_metrics(
-                self._store.engine,
-                host=settings.metrics_host,
-                port=settings.metrics_port,
-                refresh_interval=settings.metrics_refresh_interval,
-                leader=self._lease.acting,
-            )
+            self._metrics = self._serve_metrics(self._store.engine, settings, settings.metrics_port)
         freeze_startup_heap()
+
+    def _serve_metrics(self, engine: Engine, settings: Settings, port: int) -> MetricsExporter | None:
+        return serve_metrics(
+            engine,
+            host=settings.metrics_host,
+            port=port,
+            refresh_interval=settings.metrics_refresh_interval,
+            leader=self.lease.acting,
+            unstarted_after=settings.unstarted_warning,
+        )
 
     @staticmethod
     def _prepare_database(url: str, auto_migrate: bool) -> Engine:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 from ..core.exceptions import ConfigurationError
+from ..core.unstarted import DEFAULT_UNSTARTED_WARNING
 
 DEFAULT_DATABASE_URL = "sqlite:///celerybeat-boundedbeat.sqlite3"
 
@@ -67,6 +68,9 @@ class Settings:
     publish_timeout: float = 3600.0
     #: A published run that no worker started for this long settles ``rejected``.
     start_timeout: float = 3600.0
+    #: A published run no worker started for this long is reported ("waiting for a worker on
+    #: queue x") by ``health``, the metrics, ``status`` and the admin; 0 turns the warning off.
+    unstarted_warning: float = DEFAULT_UNSTARTED_WARNING
     #: Worker heartbeat period; a dead worker's run is ``lost`` within 3⅓ intervals (10 s by default).
     heartbeat_interval: float = 3.0
     #: Leader lease time-to-live and renewal period, in seconds.

@@ -1,9 +1,10 @@
 """The health probe: is a beat scheduling, and is the queue moving? (``boundedbeat health``).
 
-One read (:func:`read_beat_state`, a single ``SELECT``: the lease row and the oldest queue
-row's due time) and a pure decision over what it found (:func:`judge`), so every verdict is
-tested with fixed times. The probe runs in its own short-lived process (a Kubernetes exec
-probe, a cron job), never inside beat.
+One read (:func:`read_beat_state`: one ``SELECT`` of the lease row and the oldest queue row's
+due time, and one of the published runs no worker started within ``--max-unstarted-age``,
+which reads the schedules' options only when some wait) and a pure decision over what it
+found (:func:`judge`), so every verdict is tested with fixed times. The probe runs in its own
+short-lived process (a Kubernetes exec probe, a cron job), never inside beat.
 
 What "ticked" means: the lease holder renews ``boundedbeat_leases.renewed_at`` from its tick
 loop (``Scheduler.tick`` keeps the lease before it emits), every ``lease_renew_interval``.
@@ -23,10 +24,12 @@ from sqlalchemy import Engine, func, literal, select
 
 from ..core.exceptions import BoundedBeatError
 from ..core.redact import driver_reason, mask_url, scrub
+from ..core.unstarted import DEFAULT_UNSTARTED_WARNING, Unstarted, describe
 from ..db.engine import get_engine
 from ..db.faults import is_outage
 from ..db.lease import LEASE_NAME
 from ..db.tables import LeaseRow, QueueRow
+from ..db.unstarted import read_unstarted
 
 #: Default bound on the age of the last tick (seconds); ``--max-tick-age``.
 DEFAULT_MAX_TICK_AGE = 60.0
@@ -44,6 +47,10 @@ class Problem(StrEnum):
     #: The oldest queued message was due more than ``--max-queue-age`` ago (broker down,
     #: dispatcher stuck or too slow).
     BEHIND = "behind"
+    #: Runs were handed to the broker more than ``--max-unstarted-age`` ago and no worker
+    #: started them: their queue has no consumer (a typo in the entry's ``options``?) or
+    #: every worker is down.
+    UNSTARTED = "unstarted"
     #: The database could not be reached or read.
     DATABASE = "database"
 
@@ -57,6 +64,9 @@ class Bounds:
     max_tick_age: float = DEFAULT_MAX_TICK_AGE
     #: Seconds the oldest queued message may be overdue; ``None``: the queue is not checked.
     max_queue_age: float | None = DEFAULT_MAX_QUEUE_AGE
+    #: Seconds a published run may wait for a worker to start it (``boundedbeat_unstarted_warning``
+    #: by default); ``None``: not checked.
+    max_unstarted_age: float | None = DEFAULT_UNSTARTED_WARNING
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +77,8 @@ class BeatState:
     renewed_at: datetime | None = None
     expires_at: datetime | None = None
     oldest_queued_due_at: datetime | None = None
+    #: Per schedule, the published runs no worker started within ``max_unstarted_age``.
+    unstarted: tuple[Unstarted, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +111,17 @@ class Health:
             "queue_oldest_age_seconds": _age(self.checked_at, s.oldest_queued_due_at),
             "max_tick_age": self.bounds.max_tick_age,
             "max_queue_age": self.bounds.max_queue_age,
+            "unstarted_runs": sum(u.runs for u in s.unstarted),
+            "unstarted": [
+                {
+                    "schedule": u.schedule,
+                    "queue": u.queue,
+                    "runs": u.runs,
+                    "oldest_published_at": _iso(u.oldest_published_at),
+                }
+                for u in s.unstarted
+            ],
+            "max_unstarted_age": self.bounds.max_unstarted_age,
         }
 
 
@@ -143,6 +166,9 @@ def judge(state: BeatState, now: datetime, bounds: Bounds) -> Health:
             f"(bound {bounds.max_queue_age:g} s)"
         )
         return _verdict(Problem.BEHIND, message, now, state, bounds)
+    if bounds.max_unstarted_age is not None and state.unstarted:
+        message = describe(state.unstarted, now, bounds.max_unstarted_age)
+        return _verdict(Problem.UNSTARTED, message, now, state, bounds)
     queue = "queue empty" if queue_age is None else f"oldest queued message due {queue_age:.1f} s ago"
     message = f"beat {state.holder} holds the lease; last tick {tick_age:.1f} s ago; {queue}"
     return _verdict(None, message, now, state, bounds)
@@ -179,8 +205,11 @@ def database_failure(url: str, exc: BaseException, now: datetime, bounds: Bounds
     return _verdict(Problem.DATABASE, f"{what}: {driver_reason(exc, url)}", now, BeatState(), bounds)
 
 
-def read_beat_state(engine: Engine) -> BeatState:
-    """The lease row and the oldest queue row's due time, in one ``SELECT``.
+def read_beat_state(
+    engine: Engine, now: datetime | None = None, unstarted_after: float | None = None
+) -> BeatState:
+    """The lease row and the oldest queue row's due time, in one ``SELECT``; with ``now`` and
+    ``unstarted_after``, the published runs no worker started within that many seconds too.
 
     The queue's oldest due time is one step down the ``(due_at, id)`` index, claimed or not: a
     claimed row not yet published is as late as an unclaimed one. The one-row subquery keeps a
@@ -193,13 +222,16 @@ def read_beat_state(engine: Engine) -> BeatState:
     )
     with engine.connect() as conn:
         row = conn.execute(query).one()
-    return BeatState(holder=row[0], renewed_at=row[1], expires_at=row[2], oldest_queued_due_at=row[3])
+        unstarted = () if now is None else read_unstarted(conn, now, unstarted_after)
+    return BeatState(
+        holder=row[0], renewed_at=row[1], expires_at=row[2], oldest_queued_due_at=row[3], unstarted=unstarted
+    )
 
 
 def probe(url: str, now: datetime, bounds: Bounds) -> Health:
     """Read and judge; a database that cannot be reached or read is a verdict, not an exception."""
     try:
-        state = read_beat_state(get_engine(url))
+        state = read_beat_state(get_engine(url), now, bounds.max_unstarted_age)
     except Exception as exc:
         return database_failure(url, exc, now, bounds)
     return judge(state, now, bounds)

@@ -20,6 +20,9 @@ Where each number comes from:
   them with ``histogram_quantile`` directly, without ``rate()``.
 - ``boundedbeat_last_tick_timestamp_seconds`` is the lease row's ``renewed_at``: the holder
   renews it from its tick loop (see :mod:`.health`).
+- ``boundedbeat_schedule_unstarted_runs`` counts the published runs no worker started within
+  ``boundedbeat_unstarted_warning`` (:mod:`celery_boundedbeat.core.unstarted`): a seventh query,
+  on the ``(state, started_at)`` index.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Connection, Engine, func, select
 
 from ..core.enums import RunState
+from ..core.unstarted import DEFAULT_UNSTARTED_WARNING, Unstarted
 from ..db.lease import LEASE_NAME
 from ..db.tables import LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
+from ..db.unstarted import read_unstarted
 
 #: Runs finished this many seconds before the snapshot feed the histograms.
 HISTOGRAM_WINDOW = 3600.0
@@ -122,6 +127,8 @@ class MetricsSnapshot:
     #: Per schedule, over the runs finished in the window.
     durations: Mapping[str, Distribution] = field(default_factory=dict)
     drifts: Mapping[str, Distribution] = field(default_factory=dict)
+    #: Per schedule, the published runs no worker started within ``boundedbeat_unstarted_warning``.
+    unstarted: tuple[Unstarted, ...] = ()
 
     @property
     def lease_live(self) -> bool:
@@ -139,8 +146,13 @@ class MetricsSnapshot:
 # -- the read --------------------------------------------------------------------------------
 
 
-def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
-    """One consistent-enough look at the tables: six indexed or bounded queries, one transaction."""
+def read_snapshot(
+    engine: Engine, now: datetime, unstarted_after: float | None = DEFAULT_UNSTARTED_WARNING
+) -> MetricsSnapshot:
+    """One consistent-enough look at the tables: seven indexed or bounded queries, one transaction.
+
+    ``unstarted_after``: ``boundedbeat_unstarted_warning`` (``None`` or 0: not read).
+    """
     with engine.connect() as conn:
         schedules = _schedules(conn)
         settled = {
@@ -159,6 +171,7 @@ def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
             )
         ).first()
         durations, drifts = _recent(conn, now)
+        unstarted = read_unstarted(conn, now, unstarted_after)
     return MetricsSnapshot(
         taken_at=now,
         schedules=schedules,
@@ -171,6 +184,7 @@ def read_snapshot(engine: Engine, now: datetime) -> MetricsSnapshot:
         lease_expires_at=None if lease is None else lease[2],
         durations=durations,
         drifts=drifts,
+        unstarted=unstarted,
     )
 
 
@@ -321,6 +335,12 @@ def _schedule_families(snap: MetricsSnapshot) -> Iterator[Metric]:
         "paused": GaugeMetricFamily("boundedbeat_schedule_paused", "1 when paused", labels=["schedule"]),
         "stopped": GaugeMetricFamily("boundedbeat_schedule_stopped", "1 when stopped", labels=["schedule"]),
     }
+    unstarted = GaugeMetricFamily(
+        "boundedbeat_schedule_unstarted_runs",
+        "Published runs no worker started within boundedbeat_unstarted_warning (a queue nobody consumes?)",
+        labels=["schedule"],
+    )
+    waiting = {u.schedule: u.runs for u in snap.unstarted}
     drift = GaugeMetricFamily(
         "boundedbeat_schedule_last_drift_seconds",
         "How late the last run was emitted after its grid time",
@@ -334,11 +354,13 @@ def _schedule_families(snap: MetricsSnapshot) -> Iterator[Metric]:
             family.add_metric([s.name], getattr(s, key))
         for key, gauge in gauges.items():
             gauge.add_metric([s.name], float(getattr(s, key)))
+        unstarted.add_metric([s.name], float(waiting.get(s.name, 0)))
         if s.last_drift_ms is not None:
             drift.add_metric([s.name], max(s.last_drift_ms, 0) / 1000)
     yield runs
     yield from counters.values()
     yield from gauges.values()
+    yield unstarted
     yield drift
 
 

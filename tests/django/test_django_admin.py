@@ -254,3 +254,41 @@ def test_django_migrations_leave_the_tables_to_alembic() -> None:
     call_command("migrate", check=True, verbosity=0)
     call_command("check", fail_level="WARNING")
     assert "celery_boundedbeat" in MigrationLoader(None).unmigrated_apps
+
+
+def test_a_schedule_whose_run_no_worker_started_says_which_queue_it_waits_on(
+    store: Store, client_as: Any
+) -> None:
+    """A run published past boundedbeat_unstarted_warning: the list and the page name its queue."""
+    from sqlalchemy import update
+
+    from celery_boundedbeat.db.tables import ScheduleRow
+
+    now = datetime.now(UTC)
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(ScheduleRow)
+            .where(ScheduleRow.name == "poll-partner")
+            .values(options={"queue": "nowhere"}, active_runs=1)
+        )
+        conn.execute(update(ScheduleRow).where(ScheduleRow.name == "export-report").values(active_runs=1))
+    add_run(
+        store,
+        "poll-partner",
+        "published",
+        now - timedelta(seconds=900),
+        published_at=now - timedelta(seconds=900),
+    )
+    add_run(
+        store,
+        "export-report",
+        "published",
+        now - timedelta(seconds=5),
+        published_at=now - timedelta(seconds=5),
+    )
+    client = client_as("viewer")
+    html = page(client.get(SCHEDULES))
+    assert html.count("waiting for a worker on queue nowhere") == 1, html
+    detail = page(client.get(f"{SCHEDULES}poll-partner/change/"))
+    assert "waiting for a worker on queue nowhere" in detail
+    assert "waiting for a worker" not in page(client.get(f"{SCHEDULES}export-report/change/"))

@@ -142,6 +142,7 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"kwargs": '{"tenant": 1'}, "kwargs", "Enter a valid JSON."),
         ({"args": '{"a": 1}'}, "args", "must be a list or tuple"),
         ({"options": "[1]"}, "options", "must be a dict"),
+        ({"options": '{"priority": "high"}'}, "options", "'priority' must be an integer from 0 to 255"),
         ({"kind": "crontab", "minute": "61"}, "minute", "Minute must be 0-59"),
         ({"kind": "crontab", "hour": "1,,2"}, "hour", "Hour must be 0-23"),
         ({"every": ""}, "every", "Required for this timing."),
@@ -150,8 +151,8 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"timezone": "Europe/Berlin"}, "timezone", "is only for crontab and solar schedules"),
     ],
     ids=["period-0", "fixed-delay-crontab", "concurrency-needs-fixed-rate", "fixed-rate-needs-concurrency",
-         "bad-json", "args-not-a-list", "options-not-an-object", "bad-crontab", "unparsable-crontab",
-         "no-period", "duplicate",
+         "bad-json", "args-not-a-list", "options-not-an-object", "bad-priority", "bad-crontab",
+         "unparsable-crontab", "no-period", "duplicate",
          "unknown-zone", "zone-on-an-interval"],
 )  # fmt: skip
 def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
@@ -324,3 +325,15 @@ def test_resuming_an_ended_schedule_is_refused_with_a_warning(store: Store, clie
     assert "Schedule &#x27;poll-partner&#x27; resumed." in html
     kept = row(store, "feed-7")
     assert kept is not None and kept.stopped and kept.stop_reason == "max_runs"
+
+
+def test_an_unknown_option_key_is_saved_with_a_warning(store: Store, client_as: Any) -> None:
+    """``{"queu": ...}`` is not refused (a router may read it) but the next page warns about it."""
+    options = '{"queu": "reports", "priority": 3}'
+    response = client_as("editor").post(ADD, {**INTERVAL, "options": options}, follow=True)
+    html = page(response)
+    assert "&#x27;queu&#x27; is not a Celery apply_async option (did you mean &#x27;queue&#x27;?)" in html
+    saved = row(store, "tenant-1")
+    assert saved is not None and saved.options == {"queu": "reports", "priority": 3}
+    change = page(client_as("editor").get(f"{SCHEDULES}tenant-1/change/"))
+    assert "Warning: options: &#x27;queu&#x27; is not a Celery apply_async option" in change

@@ -20,7 +20,7 @@ from celery_boundedbeat.contrib.django.charts import (
     sparkline_svg,
     timeline_svg,
 )
-from celery_boundedbeat.contrib.django.readable import describe_timing, format_ms
+from celery_boundedbeat.core.words import describe_timing, format_ms
 from celery_boundedbeat.db.store import Store
 
 pytestmark = [pytest.mark.postgres]

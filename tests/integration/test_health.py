@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import urllib.request
 from datetime import datetime
 from typing import Any
 
@@ -111,3 +113,54 @@ def test_an_unreachable_database_fails_with_a_masked_password(bb: Harness) -> No
     ), result.stdout
     assert len(result.stdout.splitlines()) == 1, result.stdout
     assert "hunter2pw" not in result.stdout + result.stderr
+
+
+@postgres_only
+def test_runs_routed_to_a_queue_no_worker_consumes_are_reported_everywhere(bb: Harness) -> None:
+    """A queue typo: health fails naming the queue, status says "waiting", metrics count the run.
+
+    A real worker consumes the test's queue (the ``ok`` entry completes there); the ``typo``
+    entry's options route it to a queue nobody reads, so its run stays ``published``.
+    """
+    nowhere = f"nowhere_{bb.uid}"
+    typo = {**bb.entry("typo", 1.0), "options": {"queue": nowhere}}
+    bb.write_app(
+        {"ok": bb.entry("ok", 1.0), "typo": typo},
+        boundedbeat_unstarted_warning=2.0,
+        boundedbeat_metrics_port=0,
+        boundedbeat_metrics_refresh_interval=0.5,
+    )
+    bb.start_worker()
+    beat = bb.start_beat()
+    bb.wait_until(lambda: len(bb.finished("ok")) >= 2, 60, "two completed runs of ok")
+    verdict = until_unhealthy(bb, timeout=40)
+    assert verdict["problem"] == "unstarted", verdict
+    assert f"typo (1): waiting for a worker on queue {nowhere}" in verdict["message"], verdict
+    assert verdict["unstarted"] == [
+        {
+            "schedule": "typo",
+            "queue": nowhere,
+            "runs": 1,
+            "oldest_published_at": verdict["unstarted"][0]["oldest_published_at"],
+        }
+    ], verdict
+    assert health(bb, "--max-unstarted-age", "0")[0] == 0  # the liveness form ignores it
+
+    status = bb.celery("boundedbeat", "status", check=True).stdout
+    typo_line = next(line for line in status.splitlines() if line.startswith("typo "))
+    assert f"waiting: queue {nowhere}" in typo_line, status
+    assert f"typo: waiting for a worker on queue {nowhere} (1 run(s) published" in status, status
+    ok_line = next(line for line in status.splitlines() if line.startswith("ok "))
+    assert "waiting" not in ok_line, status
+
+    text = bb.celery("boundedbeat", "status", "--format", "prometheus", check=True).stdout
+    assert 'boundedbeat_schedule_unstarted_runs{schedule="typo"} 1.0' in text, text
+    assert 'boundedbeat_schedule_unstarted_runs{schedule="ok"} 0.0' in text, text
+    url = re.search(r"serving Prometheus metrics on (http://\S+/metrics)", beat.output())
+    assert url, beat.tail()
+
+    def scraped() -> bool:
+        with urllib.request.urlopen(url.group(1), timeout=10) as response:
+            return 'boundedbeat_schedule_unstarted_runs{schedule="typo"} 1.0' in response.read().decode()
+
+    bb.wait_until(scraped, 30, "beat's /metrics to count the unstarted run")

@@ -24,6 +24,7 @@ FAMILIES = {
     "boundedbeat_schedule_overlaps",
     "boundedbeat_schedule_active_runs",
     "boundedbeat_schedule_pending_runs",
+    "boundedbeat_schedule_unstarted_runs",
     "boundedbeat_schedule_paused",
     "boundedbeat_schedule_stopped",
     "boundedbeat_schedule_last_drift_seconds",

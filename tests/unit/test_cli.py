@@ -10,7 +10,9 @@ import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
+from sqlalchemy import insert, update
 
+from celery_boundedbeat.api.queries import ScheduleSnapshot
 from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.policy import Policy
@@ -19,6 +21,7 @@ from celery_boundedbeat.core.ticks import MAX_QUEUED_TRIGGERS
 from celery_boundedbeat.core.timing import IntervalTiming
 from celery_boundedbeat.db.engine import get_engine
 from celery_boundedbeat.db.store import Store
+from celery_boundedbeat.db.tables import RunRow, ScheduleRow
 
 STATUS_FIELDS = {
     "name", "task", "mode", "paused", "stopped", "running", "active_runs", "pending_runs", "runs",
@@ -89,8 +92,12 @@ def test_status_table_is_aligned_and_names_the_lease(app: Celery, store: Store) 
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("NAME") and lines[2].startswith("report")
-    assert lines[0].index("MODE") == lines[2].index("fixed_rate_no_overlap")
+    assert lines[0].index("STATE") == lines[2].index("idle")
+    assert lines[0].index("SCHEDULE") == lines[2].index("every 1 min")
     assert "beat lease: not held" in result.output
+    wide = run(app, "status", "--wide").output.splitlines()
+    assert wide[0].index("MODE") == wide[2].index("fixed_rate_no_overlap")
+    assert wide[0].index("TASK") == wide[2].index("proj.report")
 
 
 def test_history_filters_by_state_and_limit_newest_first(app: Celery, store: Store) -> None:
@@ -221,6 +228,68 @@ def test_status_shows_what_dropped_the_skips_and_the_replaced_runs(app: Celery, 
         "buffer_drops": 0,
         "replaced": 0,
     }
-    lines = run(app, "status").output.splitlines()
+    lines = run(app, "status", "--wide").output.splitlines()
     assert lines[0].index("BUSY/WINDOW/BUFFER") == lines[2].index("0/0/0")
     assert "REPLACED" in lines[0]
+
+
+TRACEBACK_ERROR = (
+    "ValueError: boom\n\nTraceback (most recent call last):\n"
+    '  File "/app/proj/tasks.py", line 3, in report\n    raise ValueError("boom")\nValueError: boom'
+)
+
+
+def test_history_shows_one_line_per_run_whatever_its_traceback(app: Celery, store: Store) -> None:
+    """A failed run's stored traceback stays out of the table: its exception, on the run's line."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(RunRow).where(RunRow.state == RunState.FAILED.value).values(error=TRACEBACK_ERROR)
+        )
+    result = run(app, "history", "report")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 2 + 2, result.output
+    assert lines[2].endswith("  ValueError: boom") and "Traceback" not in result.output
+    assert json.loads(run(app, "history", "--json").output)[0]["error"] == TRACEBACK_ERROR
+
+
+def test_status_says_which_queue_a_run_no_worker_started_waits_on(app: Celery, store: Store) -> None:
+    """A run published past ``boundedbeat_unstarted_warning`` and not started: its schedule waits."""
+    now = datetime.now(UTC)
+    with store.engine.begin() as conn:
+        conn.execute(update(ScheduleRow).values(options={"queue": "nowhere"}, active_runs=1))
+        conn.execute(
+            insert(RunRow).values(
+                id="00000000-0000-0000-0000-00000000abcd", schedule="report", task="proj.report",
+                state=RunState.PUBLISHED.value, scheduled_for=now - timedelta(seconds=400),
+                enqueued_at=now - timedelta(seconds=400), published_at=now - timedelta(seconds=400),
+            )
+        )  # fmt: skip
+    lines = run(app, "status").output.splitlines()
+    assert "waiting: queue nowhere" in lines[2], lines
+    assert max(len(line) for line in lines) <= 100, lines
+    assert any(
+        line.startswith("report: waiting for a worker on queue nowhere (1 run(s) published, the oldest 4")
+        for line in lines
+    ), lines
+    assert "waiting for a worker on queue nowhere" in run(app, "status", "--wide").output
+    app.conf.boundedbeat_unstarted_warning = 600
+    assert "waiting" not in run(app, "status").output
+    assert "unstarted" not in run(app, "status", "--json").output
+
+
+def test_status_json_keeps_its_fields(app: Celery, store: Store) -> None:
+    """The machine-readable form is the snapshot's fields, nothing added for the table."""
+    rows = json.loads(run(app, "status", "--json").output)
+    assert set(rows[0]) == set(ScheduleSnapshot.__dataclass_fields__)
+
+
+def test_status_fits_100_columns_unless_wide(app: Celery, store: Store) -> None:
+    """Long names are cut with an ellipsis to fit 100 columns; ``--wide`` shows them whole."""
+    long = "export-the-monthly-report-for-every-customer-of-the-whole-shop-" + "x" * 40
+    with store.engine.begin() as conn:
+        conn.execute(update(ScheduleRow).values(name=long))
+    narrow = run(app, "status").output.splitlines()
+    assert max(len(line) for line in narrow[:3]) <= 100 and "…" in narrow[2], narrow
+    wide = run(app, "status", "--wide").output.splitlines()
+    assert wide[2].startswith(long + "  ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from celery import Celery
 from celery.bin.base import CLIContext
@@ -11,10 +12,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, insert
 
 from celery_boundedbeat.cli import boundedbeat
+from celery_boundedbeat.core.unstarted import Unstarted
 from celery_boundedbeat.db.engine import get_engine
 from celery_boundedbeat.db.lease import LEASE_NAME
 from celery_boundedbeat.db.migrate import upgrade
-from celery_boundedbeat.db.tables import LeaseRow, QueueRow
+from celery_boundedbeat.db.tables import LeaseRow, QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.ops.health import (
     BeatState,
     Bounds,
@@ -131,6 +133,9 @@ def test_the_json_form_carries_the_values_read() -> None:
         "queue_oldest_age_seconds": 2.5,
         "max_tick_age": 20.0,
         "max_queue_age": 300.0,
+        "unstarted_runs": 0,
+        "unstarted": [],
+        "max_unstarted_age": 300.0,
     }
 
 
@@ -152,6 +157,34 @@ def test_a_database_failure_names_the_masked_url_and_the_reason() -> None:
         "unhealthy: cannot reach the database postgresql+psycopg://bb:***@db.example:5432/app: "
         "OperationalError: connection refused"
     )
+
+
+def test_published_runs_no_worker_started_fail_the_probe_naming_their_queue() -> None:
+    """Runs published past ``max_unstarted_age`` and not started: exit 1, schedule and queue named."""
+    waiting = Unstarted(schedule="report", queue="nowhere", runs=2, oldest_published_at=NOW - _s(412))
+    state = BeatState(**{**_fields(held(1.0)), "unstarted": (waiting,)})
+    verdict = judge(state, NOW, BOUNDS)
+    assert verdict.problem is Problem.UNSTARTED
+    assert verdict.message == (
+        "unhealthy: 2 published run(s) not started by any worker within 300 s (the oldest published "
+        "412.0 s ago): report (2): waiting for a worker on queue nowhere (does a worker consume that "
+        "queue, with celery_boundedbeat.install(app)?)"
+    )
+    out = verdict.to_json()
+    assert out["unstarted_runs"] == 2 and out["unstarted"][0]["queue"] == "nowhere", out
+    assert judge(state, NOW, Bounds(max_tick_age=20.0, max_unstarted_age=None)).healthy
+
+
+def test_a_stalled_beat_is_reported_before_unstarted_runs() -> None:
+    """The order an operator fixes things in: no ticking beat first, then the workers."""
+    waiting = Unstarted(schedule="report", queue=None, runs=1, oldest_published_at=NOW - _s(900))
+    state = BeatState(**{**_fields(held(60.0)), "unstarted": (waiting,)})
+    assert judge(state, NOW, BOUNDS).problem is Problem.STALLED
+    assert waiting.text == "waiting for a worker on its default queue"
+
+
+def _fields(state: BeatState) -> dict[str, Any]:
+    return {name: getattr(state, name) for name in BeatState.__dataclass_fields__}
 
 
 # -- the one read, on SQLite and PostgreSQL ------------------------------------------------
@@ -181,6 +214,40 @@ def test_the_read_finds_the_lease_and_the_oldest_queued_due_time(migrated: Engin
     assert read_beat_state(migrated) == BeatState(
         holder="h:1:a", renewed_at=NOW - _s(2), expires_at=NOW + _s(13), oldest_queued_due_at=NOW - _s(5)
     )
+
+
+def test_the_read_finds_published_runs_not_started_within_the_bound(migrated: Engine) -> None:
+    """Only ``published`` runs older than the bound count, per schedule, with the options' queue."""
+    with migrated.begin() as conn:
+        for name, options in (("report", {"queue": "nowhere"}), ("other", {})):
+            conn.execute(
+                insert(ScheduleRow).values(
+                    name=name, task="proj.t", mode="fixed_rate", policy={}, schedule="every 60s",
+                    options=options, created_at=NOW, updated_at=NOW,
+                )
+            )  # fmt: skip
+        for n, (name, state, published_ago) in enumerate(
+            (
+                ("report", "published", 400),
+                ("report", "published", 301),
+                ("report", "published", 299),  # within the bound
+                ("report", "started", 900),
+                ("other", "queued", None),
+            )
+        ):
+            published = None if published_ago is None else NOW - _s(published_ago)
+            conn.execute(
+                insert(RunRow).values(
+                    id=f"00000000-0000-0000-0000-{n:012d}", schedule=name, task="proj.t", state=state,
+                    scheduled_for=NOW - _s(1000 - n), enqueued_at=NOW - _s(1000), published_at=published,
+                )
+            )  # fmt: skip
+    found = read_beat_state(migrated, NOW, 300.0).unstarted
+    assert found == (
+        Unstarted(schedule="report", queue="nowhere", runs=2, oldest_published_at=NOW - _s(400)),
+    )
+    assert read_beat_state(migrated, NOW, None).unstarted == ()
+    assert read_beat_state(migrated, NOW, 1000.0).unstarted == ()
 
 
 # -- the command ---------------------------------------------------------------------------

@@ -224,5 +224,5 @@ def test_status_shows_origin_and_why_an_ended_schedule_stopped_and_resume_refuse
     refused = run(app, "resume", "once")
     assert refused.exit_code == 1 and "max_runs" in refused.output, refused.output
     assert "ended" in run(app, "trigger", "once").output
-    table = run(app, "status").output
+    table = run(app, "status", "--wide").output
     assert "runtime" in table and "stopped (max_runs)" in table, table

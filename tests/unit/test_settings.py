@@ -87,6 +87,8 @@ def test_settings_are_frozen() -> None:
         ("boundedbeat_poll_interval", float("nan")),
         ("boundedbeat_heartbeat_interval", float("inf")),
         ("boundedbeat_retention_days", -2),
+        ("boundedbeat_unstarted_warning", -1),
+        ("boundedbeat_unstarted_warning", "5m"),
         ("boundedbeat_report_writer", "processes"),
         ("boundedbeat_report_writer", True),
     ],
@@ -114,9 +116,16 @@ def test_intervals_that_must_be_positive_refuse_zero(key: str) -> None:
 
 
 def test_zero_is_allowed_where_it_has_a_meaning() -> None:
-    """A zero dispatch interval (floored to 1 s) and a zero shutdown grace are accepted."""
-    settings = from_conf(boundedbeat_dispatch_interval=0, boundedbeat_shutdown_grace=0)
-    assert (settings.dispatch_interval, settings.shutdown_grace) == (0.0, 0.0)
+    """A zero dispatch interval (floored to 1 s), shutdown grace or unstarted warning (off) is accepted."""
+    settings = from_conf(
+        boundedbeat_dispatch_interval=0, boundedbeat_shutdown_grace=0, boundedbeat_unstarted_warning=0
+    )
+    assert (settings.dispatch_interval, settings.shutdown_grace, settings.unstarted_warning) == (
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert Settings().unstarted_warning == 300.0
 
 
 def test_a_renewal_slower_than_the_lease_is_refused() -> None:

@@ -177,7 +177,7 @@ def test_status_shows_the_zone_of_each_schedule(app: Celery, store: Store) -> No
         "local": "America/New_York",
         "often": None,
     }
-    table = run(app, "status").output.splitlines()
+    table = run(app, "status", "--wide").output.splitlines()
     assert "TIMEZONE" in table[0]
     assert "Europe/Berlin" in next(line for line in table if line.startswith("berlin"))
     assert {s.name: s.timezone for s in snapshot(app)} == {k: v["timezone"] for k, v in rows.items()}

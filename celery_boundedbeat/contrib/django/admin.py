@@ -30,6 +30,8 @@ from django.utils.safestring import SafeString, mark_safe
 from ...api.schedules import plural_runs, remove_schedule_revoking
 from ...core.exceptions import BoundedBeatError, ScheduleEndedError
 from ...core.ticks import TriggerRefused
+from ...core.unstarted import queue_of, waiting_for
+from ...core.words import describe_timing, plural
 from ...db.row_state import RUNTIME
 from ...db.store import Store
 from .cells import (
@@ -50,9 +52,9 @@ from .conf import admin_database, celery_app, store
 from .forms import POLICY_FIELDS, ScheduleForm
 from .models import Schedule
 from .pages import TablesAdmin, when_field
-from .readable import describe_timing, plural
 from .recent import recent_runs, schedule_runs, unsuccessful_counts
 from .runs_admin import RunAdmin  # noqa: F401  (importing it registers the run pages)
+from .waiting import unstarted_runs
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -177,6 +179,23 @@ def _unsuccessful(obj: Schedule) -> dict[str, int]:
     return found
 
 
+def _unstarted(obj: Schedule) -> int:
+    """Its published runs no worker started: what the change list read, or one query."""
+    found: int | None = getattr(obj, "bb_unstarted", None)
+    if found is None:
+        found = unstarted_runs(admin_database(), [obj.name]).get(obj.name, 0)
+        obj.bb_unstarted = found
+    return found
+
+
+def _options(obj: Schedule) -> dict[str, Any] | None:
+    try:
+        value = json.loads(obj.options) if isinstance(obj.options, str) else obj.options
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _timing(obj: Schedule) -> dict[str, Any] | None:
     try:
         value = json.loads(obj.timing) if isinstance(obj.timing, str) else obj.timing
@@ -198,9 +217,11 @@ class ScheduleChangeList(ChangeList):
         names = [row.name for row in rows]
         recent = recent_runs(admin_database(), names)
         unsuccessful = unsuccessful_counts(admin_database(), names)
+        busy = unstarted_runs(admin_database(), [row.name for row in rows if row.active_runs])
         for row in rows:
             row.bb_recent = recent.get(row.name, [])
             row.bb_unsuccessful = unsuccessful.get(row.name, {})
+            row.bb_unstarted = busy.get(row.name, 0)
         self.result_list = rows
 
 
@@ -254,7 +275,10 @@ class ScheduleAdmin(TablesAdmin):
         return actions
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
-        """Nothing to save: validating the form called the API, which wrote the row."""
+        """Nothing to save: validating the form called the API, which wrote the row; what it
+        saved but warns about (unknown ``options`` keys) is shown above the next page."""
+        for warning in getattr(form, "warnings", ()):
+            self.message_user(request, warning, messages.WARNING)
 
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         """``remove_schedule``, revoking the active runs when the confirmation page asked to (and
@@ -329,6 +353,14 @@ class ScheduleAdmin(TablesAdmin):
         ]
         if not busy:
             return label("idle", IDLE_COLOUR, "no run active or pending")
+        unstarted = _unstarted(obj)
+        if unstarted:
+            return label(
+                waiting_for(queue_of(_options(obj))),
+                colour("published"),
+                f"{unstarted} published run(s) not started by any worker within "
+                "boundedbeat_unstarted_warning: does a worker consume that queue?",
+            )
         return label(", ".join(busy), colour("started"))
 
     @admin.display(description="counts")

@@ -14,8 +14,8 @@ from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ...core.words import format_when
 from .charts import colour
-from .readable import format_when
 
 #: Characters of a run id shown in lists (the whole id is in the tooltip and on its page).
 SHORT_ID_CHARS = 8

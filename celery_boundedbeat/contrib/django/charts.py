@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, tzinfo
 from html import escape
 
 from ...core.enums import RunState
-from .readable import format_ms, format_when, plural
+from ...core.words import format_ms, format_when, plural
 
 #: One colour per run state; the lists' state labels use the same ones.
 STATE_COLOURS: dict[str, str] = {

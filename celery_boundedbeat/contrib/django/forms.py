@@ -23,10 +23,12 @@ from celery.exceptions import ImproperlyConfigured
 from celery.schedules import crontab, solar
 from django import forms
 from django.contrib.admin import widgets
+from django.utils.html import escape
 from sqlalchemy.exc import SQLAlchemyError
 
 from ...api.schedules import add_schedule, update_schedule
 from ...config.cron import CRONTAB_FIELDS, crontab_problems
+from ...config.message_options import option_refusals, option_warnings
 from ...core.enums import MissedTicks, Mode
 from ...core.exceptions import BoundedBeatError, ConfigurationError
 from ...core.limits import MAX_SCHEDULE_NAME, MAX_TASK_NAME
@@ -217,10 +219,18 @@ class ScheduleForm(forms.ModelForm):
         # Django's model_to_dict, which reads the JSON columns as text.
         given = dict(kwargs.get("initial") or {})
         self.adding = bool(self.instance._state.adding)
+        #: Unknown ``options`` keys of the saved schedule: the admin shows them as warnings.
+        self.warnings: list[str] = []
         if self.adding:
             self.initial = given
             return
         self.initial = {**row_initial(self.instance), **given}
+        stored = self.initial.get("options")
+        if isinstance(stored, Mapping) and "options" in self.fields:
+            # The admin renders help text as HTML: the stored keys are escaped.
+            self.fields["options"].help_text += "".join(
+                f" Warning: {escape(w)}" for w in option_warnings(stored)
+            )
         for key in ("mode", "missed_ticks"):  # stored in full: "default" is no choice on a change
             field = self.fields.get(key)
             if isinstance(field, forms.ChoiceField):
@@ -246,6 +256,13 @@ class ScheduleForm(forms.ModelForm):
         if self.errors:
             return
         data = self.cleaned_data
+        options = data.get("options")
+        if isinstance(options, Mapping):
+            for refusal in option_refusals(options):
+                self.add_error("options", refusal)
+            if self.errors:
+                return
+            self.warnings = option_warnings(options)
         with celery_app() as app:
             try:
                 schedule = self._schedule(app, data)

@@ -9,10 +9,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from ...core.words import format_ms
 from .cells import breakable, clipped, short_id, state_badge, sub, when, zoned
 from .models import Run
 from .pages import ReadOnlyAdmin, when_field
-from .readable import format_ms
 
 #: Widths of the run list's worker and error cells (CSS): longer texts end in an ellipsis and
 #: show whole in their tooltips (a run's page shows all of its error).

@@ -1,4 +1,4 @@
-"""Schedules, durations and times in words, for the admin's lists and pages.
+"""Schedules, durations and times in words, for the admin's pages and the CLI's tables.
 
 Pure: the stored ``timing`` JSON (see :func:`celery_boundedbeat.config.definitions.timing_json`) and
 numbers in, short text out. A timing it cannot put in words falls back to the cron fields as
