@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -89,3 +92,84 @@ def test_admin_pages_without_the_tables_say_what_to_run(backend: str, client_as:
     assert response.redirect_chain == [("/admin/", 302)]
     html = response.content.decode()
     assert "missing the tables boundedbeat_runs" in html and "boundedbeat_migrate" in html
+
+
+#: A Django project as a user starts one: its settings and Celery app, ``manage.py``.
+_PROJECT_FILES = {
+    "manage.py": (
+        "import os, sys\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'badurl.settings')\n"
+        "from django.core.management import execute_from_command_line\n"
+        "execute_from_command_line(sys.argv)\n"
+    ),
+    "badurl/__init__.py": "",
+    "badurl/settings.py": (
+        "import os\n"
+        "SECRET_KEY = 'tests-only'\n"
+        "DEBUG = True\n"
+        "ALLOWED_HOSTS = ['127.0.0.1']\n"
+        "ROOT_URLCONF = 'badurl.urls'\n"
+        "INSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth',\n"
+        "                  'celery_boundedbeat.contrib.django']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3',\n"
+        "                         'NAME': os.path.join(os.path.dirname(__file__), 'django.sqlite3')}}\n"
+        "USE_TZ = True\n"
+        "CELERY_BROKER_URL = 'memory://'\n"
+        "CELERY_BOUNDEDBEAT_DATABASE_URL = os.environ['BADURL_DATABASE_URL']\n"
+    ),
+    "badurl/urls.py": "urlpatterns = []\n",
+    "badurl/celery.py": (
+        "import os\n"
+        "from celery import Celery\n"
+        "import celery_boundedbeat\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'badurl.settings')\n"
+        "app = Celery('badurl')\n"
+        "app.config_from_object('django.conf:settings', namespace='CELERY')\n"
+        "celery_boundedbeat.install(app)\n"
+    ),
+}
+
+#: A driver this environment lacks, and a URL SQLAlchemy cannot parse (each with a password).
+_BAD_URLS = {
+    "missing driver": "mysql+mysqldb://app:s3cr3t-pw@db.example/app",
+    "unparsable": "postgresql+psycopg://app:s3cr3t-pw@db.example:notaport/app",
+}
+
+_VENV_BIN = Path(sys.executable).parent
+_COMMANDS = {
+    "manage.py check": [sys.executable, "manage.py", "check"],
+    "manage.py migrate": [sys.executable, "manage.py", "migrate", "--noinput"],
+    "manage.py runserver": [sys.executable, "manage.py", "runserver", "--noreload", "127.0.0.1:0"],
+    "celery worker": [str(_VENV_BIN / "celery"), "-A", "badurl", "worker", "-P", "solo"],
+    "celery beat": [str(_VENV_BIN / "celery"), "-A", "badurl", "beat", "-S", "celery_boundedbeat.Scheduler"],
+}
+
+
+@pytest.fixture(scope="module")
+def badurl_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's files in a fresh folder."""
+    root = tmp_path_factory.mktemp("badurl_project")
+    for name, content in _PROJECT_FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    return root
+
+
+@pytest.mark.parametrize("kind", sorted(_BAD_URLS))
+@pytest.mark.parametrize("command", sorted(_COMMANDS))
+def test_an_unusable_database_url_ends_django_processes_with_one_message(
+    badurl_project: Path, command: str, kind: str
+) -> None:
+    """A URL with a missing driver or that cannot be parsed ends every Django process with exit 78,
+    the setting named and no traceback (the system check ran ``get_engine`` outside its except)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CELERY_"))}
+    env["BADURL_DATABASE_URL"] = _BAD_URLS[kind]
+    done = subprocess.run(
+        _COMMANDS[command], cwd=badurl_project, env=env, capture_output=True, text=True, timeout=60
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 78, output
+    assert "Traceback" not in output, output
+    assert "boundedbeat_database_url" in output and "app:***@db.example" in output, output
+    assert "s3cr3t-pw" not in output
+    assert len(done.stderr.strip().splitlines()) <= 3, output
