@@ -12,7 +12,7 @@ import click
 from celery import Celery
 
 from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot, store_for
-from .config.settings import Settings
+from .config.settings import Settings, app_name
 from .core.enums import RunState
 from .core.exceptions import BoundedBeatError, ScheduleEndedError
 from .core.redact import driver_reason, mask_url, scrub
@@ -51,7 +51,7 @@ def _ready(app: Celery) -> None:
     settings = _settings(app)
     url = settings.database_url
     try:
-        require_current(get_engine(url), mask_url(url))
+        require_current(get_engine(url), mask_url(url), app_name(app))
     except Exception as exc:
         raise _database_error("cannot use the database", url, exc) from None
 

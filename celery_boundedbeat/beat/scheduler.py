@@ -35,7 +35,7 @@ from celery import Celery, beat
 from sqlalchemy import Engine
 
 from ..config.definitions import Resolver, config_definitions, sweep_slack
-from ..config.settings import Settings
+from ..config.settings import Settings, app_name
 from ..core.alerts import on_ticked
 from ..core.exceptions import BoundedBeatError, ConfigurationError
 from ..core.loops import (
@@ -209,7 +209,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             raise SystemExit(EX_CONFIG) from None
         self._resolver = Resolver(self.app, self._config)
         self._store = Store(
-            self._prepare_database(settings.database_url, settings.should_auto_migrate),
+            self._prepare_database(settings.database_url, settings.should_auto_migrate, app_name(self.app)),
             failing_threshold=settings.failing_threshold,
         )
         self._lease = LeaseKeeper(
@@ -261,7 +261,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         freeze_startup_heap()
 
     @staticmethod
-    def _prepare_database(url: str, auto_migrate: bool) -> Engine:
+    def _prepare_database(url: str, auto_migrate: bool, app: str | None = None) -> Engine:
         """The engine, with the schema migrated or checked; one clean line and an exit otherwise.
 
         A bad URL or a missing migration is a configuration error (EX_CONFIG); a database that
@@ -273,7 +273,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             if auto_migrate:
                 upgrade(engine)
             else:
-                require_current(engine, mask_url(url))
+                require_current(engine, mask_url(url), app)
         except BoundedBeatError as exc:
             logger.critical("%s", scrub(str(exc), url))
             raise SystemExit(EX_CONFIG) from None

@@ -234,6 +234,24 @@ _LIBPQ_OPTIONS = frozenset(
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.$-]+")
 
 
+def app_name(app: Any) -> str | None:
+    """What ``celery -A`` names for ``app`` (its ``main``), for the commands a message quotes.
+
+    ``None`` for an app without one and for the app the Django admin builds for itself.
+    """
+    main = getattr(app, "main", None)
+    if not isinstance(main, str) or not main or main == "__main__" or main.startswith("celery_boundedbeat"):
+        return None
+    return main
+
+
+def django_configured() -> bool:
+    """Whether this process has configured Django settings (never imports Django)."""
+    django_conf = sys.modules.get("django.conf")
+    django_settings = getattr(django_conf, "settings", None)
+    return django_settings is not None and bool(django_settings.configured)
+
+
 def django_default_database_url() -> str | None:
     """Django's ``DATABASES["default"]`` as a SQLAlchemy URL, when Django settings are configured.
 

@@ -9,7 +9,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from ..config.settings import django_configured
 from ..core.exceptions import DatabaseNotMigratedError
 from .tables import VERSION_TABLE
 
@@ -47,7 +49,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
-def require_current(engine: Engine, url_for_humans: str) -> None:
+def migrate_hint(app_name: str | None = None) -> str:
+    """The command that creates the tables: ``celery -A <app> boundedbeat migrate``, and Django's.
+
+    ``app_name`` is the Celery app's ``main`` (what ``-A`` names); unknown, a placeholder.
+    In a process with configured Django settings, ``manage.py boundedbeat_migrate`` comes first.
+    """
+    celery = f"`celery -A {app_name or '<your app>'} boundedbeat migrate`"
+    if django_configured():
+        return f"run `python manage.py boundedbeat_migrate` (or {celery}) first"
+    return f"run {celery} first"
+
+
+def require_current(engine: Engine, url_for_humans: str, app_name: str | None = None) -> None:
     """Fail clearly when the database is not at the head revision."""
     current = current_revision(engine)
     head = head_revision()
@@ -55,5 +69,31 @@ def require_current(engine: Engine, url_for_humans: str) -> None:
         state = "has no celery_boundedbeat tables" if current is None else f"is at revision {current}"
         raise DatabaseNotMigratedError(
             f"the celery_boundedbeat database {url_for_humans} {state}, but this version needs "
-            f"{head}: run `celery -A <your app> boundedbeat migrate` first"
+            f"{head}: {migrate_hint(app_name)}"
         )
+
+
+def missing_schema(exc: BaseException) -> bool:
+    """Whether a failed statement met a missing table or column (never an outage)."""
+    if isinstance(exc, ProgrammingError):
+        return True  # PostgreSQL: undefined table or column (an outage is OperationalError)
+    text = str(getattr(exc, "orig", exc))
+    return isinstance(exc, OperationalError) and ("no such table" in text or "no such column" in text)
+
+
+def not_migrated(
+    engine: Engine, url_for_humans: str, app_name: str | None = None
+) -> DatabaseNotMigratedError | None:
+    """The error to raise instead of a statement's, when the schema is behind; else ``None``.
+
+    Read only after a statement failed (:func:`missing_schema`), so the API pays nothing for
+    it when the tables are there. A revision read that fails itself answers ``None``: the
+    original error is the one to see.
+    """
+    try:
+        require_current(engine, url_for_humans, app_name)
+    except DatabaseNotMigratedError as exc:
+        return exc
+    except Exception:
+        return None
+    return None

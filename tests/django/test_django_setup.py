@@ -77,6 +77,21 @@ def test_boundedbeat_migrate_creates_and_then_keeps_the_tables(empty_sqlite: str
     assert f"already at revision {head_revision()}" in second.getvalue()
 
 
+def test_the_api_in_a_django_project_names_manage_py(empty_sqlite: str) -> None:
+    """From a Django view, an unmigrated database is DatabaseNotMigratedError naming both commands."""
+    from celery import Celery
+
+    import celery_boundedbeat as bb
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    with pytest.raises(bb.DatabaseNotMigratedError) as info:
+        bb.add_schedule(app, "tenant-1", "proj.tasks.refresh_cache", 30.0)
+    message = str(info.value)
+    assert "`python manage.py boundedbeat_migrate`" in message, message
+    assert "`celery -A proj boundedbeat migrate`" in message, message
+
+
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_admin_pages_without_the_tables_say_what_to_run(backend: str, client_as: Any) -> None:
     """A change list whose table is missing redirects to the admin index naming it, instead of a 500."""
