@@ -363,7 +363,11 @@ def _print_metrics(app: Celery, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of one line.")
 @click.pass_context
 def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_json: bool) -> None:
-    """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why."""
+    """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why.
+
+    A --max-tick-age not above boundedbeat_lease_renew_interval is a usage error (exit 2):
+    it would fail a healthy beat between two renewals.
+    """
     app = _app(ctx)
     try:
         settings = Settings.from_conf(app.conf)
@@ -372,9 +376,8 @@ def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_jso
         ctx.exit(1)
     bounds = Bounds(max_tick_age=max_tick_age, max_queue_age=max_queue_age or None)
     refusal = bound_refusal(bounds, settings.lease_renew_interval)
-    if refusal is not None:
-        click.echo(f"unhealthy: {refusal}")
-        ctx.exit(1)
+    if refusal is not None:  # the probe's own arguments are wrong, not the beat: exit 2
+        raise click.UsageError(refusal)
     verdict = probe(settings.database_url, utcnow(), bounds)
     click.echo(json.dumps(verdict.to_json()) if as_json else verdict.message)
     ctx.exit(0 if verdict.healthy else 1)

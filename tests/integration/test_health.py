@@ -111,3 +111,14 @@ def test_an_unreachable_database_fails_with_a_masked_password(bb: Harness) -> No
     ), result.stdout
     assert len(result.stdout.splitlines()) == 1, result.stdout
     assert "hunter2pw" not in result.stdout + result.stderr
+
+
+@sqlite_only
+def test_a_tick_bound_below_the_renew_interval_is_a_usage_error_not_unhealthy(bb: Harness) -> None:
+    """`health --max-tick-age 3` under a 5 s renewal exits 2 with Click's usage error, beat running or not:
+    a probe that read it as "unhealthy" would restart a healthy beat forever."""
+    bb.write_app({"ok": bb.entry("ok", 1.0)})
+    result = bb.celery("boundedbeat", "health", "--max-tick-age", "3", timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Error: --max-tick-age 3 s must be longer than boundedbeat_lease_renew_interval (5 s)" in result.stderr
+    assert "unhealthy" not in result.stdout + result.stderr
