@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,7 @@ import click
 from celery import Celery
 
 from .api.queries import RunRecord, ScheduleSnapshot, history, snapshot, store_for
-from .config.settings import Settings, app_name
+from .config.settings import Settings, app_name, warn_unknown_settings
 from .core.enums import RunState
 from .core.exceptions import BoundedBeatError, ScheduleEndedError
 from .core.redact import driver_reason, mask_url, scrub
@@ -33,7 +34,11 @@ def _app(ctx: click.Context) -> Celery:
     return app
 
 
+logger = logging.getLogger("celery_boundedbeat.cli")
+
+
 def _settings(app: Celery) -> Settings:
+    warn_unknown_settings(app.conf, logger)
     try:
         return Settings.from_conf(app.conf)
     except BoundedBeatError as exc:
@@ -369,6 +374,7 @@ def health(ctx: click.Context, max_tick_age: float, max_queue_age: float, as_jso
     it would fail a healthy beat between two renewals.
     """
     app = _app(ctx)
+    warn_unknown_settings(app.conf, logger)
     try:
         settings = Settings.from_conf(app.conf)
     except BoundedBeatError as exc:
@@ -596,6 +602,7 @@ def check(ctx: click.Context, count: int) -> None:
     from .core.exceptions import ConfigurationError
 
     app = _app(ctx)
+    warn_unknown_settings(app.conf, logger)
     try:
         settings = Settings.from_conf(app.conf)
         definitions = config_definitions(app, settings.default_policy)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -14,6 +17,25 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from ..config.settings import django_configured
 from ..core.exceptions import DatabaseNotMigratedError
 from .tables import VERSION_TABLE
+
+#: Alembic's logger of the two lines it writes whenever it opens a migration context ("Context
+#: impl SQLiteImpl.", "Will assume non-transactional DDL."): every beat start and CLI command.
+_ALEMBIC_LOGGER = logging.getLogger("alembic.runtime.migration")
+_ALEMBIC_NOISE = ("Context impl ", "Will assume ")
+
+
+def _not_alembic_noise(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(_ALEMBIC_NOISE))
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Drop Alembic's two context lines while our code reads or migrates; ``Running upgrade`` stays."""
+    _ALEMBIC_LOGGER.addFilter(_not_alembic_noise)
+    try:
+        yield
+    finally:
+        _ALEMBIC_LOGGER.removeFilter(_not_alembic_noise)
 
 
 def migrations_path() -> Path:
@@ -36,7 +58,7 @@ def head_revision() -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (``None`` when never migrated)."""
-    with engine.connect() as conn:
+    with _quiet_alembic(), engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         return context.get_current_revision()
 
@@ -44,7 +66,7 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Create or upgrade the schema to ``revision``; safe to run again."""
     config = _config()
-    with engine.begin() as conn:
+    with _quiet_alembic(), engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 
