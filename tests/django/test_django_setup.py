@@ -188,3 +188,22 @@ def test_an_unusable_database_url_ends_django_processes_with_one_message(
     assert "boundedbeat_database_url" in output and "app:***@db.example" in output, output
     assert "s3cr3t-pw" not in output
     assert len(done.stderr.strip().splitlines()) <= 3, output
+
+
+def test_the_cli_in_a_django_project_names_manage_py_for_an_unmigrated_database(
+    badurl_project: Path, tmp_path: Path
+) -> None:
+    """`celery -A badurl boundedbeat status` on a fresh database names both migrate commands."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CELERY_"))}
+    env["BADURL_DATABASE_URL"] = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    done = subprocess.run(
+        [str(_VENV_BIN / "celery"), "-A", "badurl", "boundedbeat", "status"],
+        cwd=badurl_project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    expected = "run `python manage.py boundedbeat_migrate` (or `celery -A badurl boundedbeat migrate`) first"
+    assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr
