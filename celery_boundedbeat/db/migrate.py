@@ -96,11 +96,18 @@ def require_current(engine: Engine, url_for_humans: str, app_name: str | None = 
 
 
 def missing_schema(exc: BaseException) -> bool:
-    """Whether a failed statement met a missing table or column (never an outage)."""
-    if isinstance(exc, ProgrammingError):
-        return True  # PostgreSQL: undefined table or column (an outage is OperationalError)
+    """Whether a failed statement may have met a missing table or column (never an outage).
+
+    SQLAlchemy's errors and Django's (``enqueue`` on a Django connection) alike, by their DB-API
+    class names: PostgreSQL says undefined table or column with a ProgrammingError (an outage is
+    an OperationalError); SQLite with an OperationalError naming the table or column.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, ProgrammingError) or name == "ProgrammingError":
+        return True
     text = str(getattr(exc, "orig", exc))
-    return isinstance(exc, OperationalError) and ("no such table" in text or "no such column" in text)
+    operational = isinstance(exc, OperationalError) or name == "OperationalError"
+    return operational and ("no such table" in text or "no such column" in text)
 
 
 def not_migrated(

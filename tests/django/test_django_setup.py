@@ -92,6 +92,23 @@ def test_the_api_in_a_django_project_names_manage_py(empty_sqlite: str) -> None:
     assert "`celery -A proj boundedbeat migrate`" in message, message
 
 
+def test_enqueue_on_a_django_connection_without_the_tables_says_what_to_run(tmp_path: Path) -> None:
+    """enqueue() through a Django connection to a database nobody migrated: DatabaseNotMigratedError."""
+    from django.db.utils import ConnectionHandler
+
+    import celery_boundedbeat as bb
+
+    handler = ConnectionHandler(
+        {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "fresh.sqlite3")}}
+    )
+    connection = handler["default"]  # a connection of its own, to a file nobody migrated
+    try:
+        with pytest.raises(bb.DatabaseNotMigratedError, match=r"manage\.py boundedbeat_migrate"):
+            bb.enqueue(connection, "proj.tasks.refresh_cache")
+    finally:
+        connection.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_admin_pages_without_the_tables_say_what_to_run(backend: str, client_as: Any) -> None:
     """A change list whose table is missing redirects to the admin index naming it, instead of a 500."""
