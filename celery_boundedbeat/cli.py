@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import click
 from celery import Celery
 
 from .api.queries import ScheduleSnapshot, history, snapshot, store_for
-from .config.settings import Settings
+from .config.settings import Settings, app_name, warn_unknown_settings
 from .core.enums import RunState
 from .core.exceptions import BoundedBeatError, ConfigurationError, ScheduleEndedError
 from .core.redact import driver_reason, mask_url, scrub
@@ -38,7 +39,11 @@ def _app(ctx: click.Context) -> Celery:
     return app
 
 
+logger = logging.getLogger("celery_boundedbeat.cli")
+
+
 def _settings(app: Celery) -> Settings:
+    warn_unknown_settings(app.conf, logger)
     try:
         return Settings.from_conf(app.conf)
     except BoundedBeatError as exc:
@@ -56,7 +61,7 @@ def _ready(app: Celery) -> None:
     settings = _settings(app)
     url = settings.database_url
     try:
-        require_current(get_engine(url), mask_url(url))
+        require_current(get_engine(url), mask_url(url), app_name(app))
     except Exception as exc:
         raise _database_error("cannot use the database", url, exc) from None
 
@@ -326,8 +331,13 @@ def health(
     max_unstarted_age: float | None,
     as_json: bool,
 ) -> None:
-    """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why."""
+    """Exit 0 when a beat holds the lease and ticks; else exit 1 with one line saying why.
+
+    A --max-tick-age not above boundedbeat_lease_renew_interval is a usage error (exit 2):
+    it would fail a healthy beat between two renewals.
+    """
     app = _app(ctx)
+    warn_unknown_settings(app.conf, logger)
     try:
         settings = Settings.from_conf(app.conf)
     except BoundedBeatError as exc:
@@ -338,9 +348,8 @@ def health(
         max_tick_age=max_tick_age, max_queue_age=max_queue_age or None, max_unstarted_age=unstarted or None
     )
     refusal = bound_refusal(bounds, settings.lease_renew_interval)
-    if refusal is not None:
-        click.echo(f"unhealthy: {refusal}")
-        ctx.exit(1)
+    if refusal is not None:  # the probe's own arguments are wrong, not the beat: exit 2
+        raise click.UsageError(refusal)
     verdict = probe(settings.database_url, utcnow(), bounds)
     click.echo(json.dumps(verdict.to_json()) if as_json else verdict.message)
     ctx.exit(0 if verdict.healthy else 1)
@@ -562,6 +571,7 @@ def check(ctx: click.Context, count: int) -> None:
     from .core.exceptions import ConfigurationError
 
     app = _app(ctx)
+    warn_unknown_settings(app.conf, logger)
     try:
         settings = Settings.from_conf(app.conf)
         definitions = config_definitions(app, settings.default_policy)

@@ -68,9 +68,28 @@ def _arguments(alert: Alert) -> dict[str, object]:
     return named
 
 
+def _log(alert: Alert) -> None:
+    """Say a failing schedule and its recovery in words (the other alerts have their own lines:
+    the tick's drops, the reaper's settles); the signal sent is a DEBUG line."""
+    if alert.kind is AlertKind.FAILING:
+        logger.warning(
+            "celery_boundedbeat: schedule %r is failing: %d failure(s) in a row, the last run %s %s",
+            alert.schedule,
+            alert.count,
+            alert.run_id,
+            "ended" if alert.state is None else alert.state.value,
+        )
+    elif alert.kind is AlertKind.RECOVERED:
+        logger.info(
+            "celery_boundedbeat: schedule %r recovered: run %s completed", alert.schedule, alert.run_id
+        )
+    logger.debug(
+        "celery_boundedbeat: sending the %s signal for %r", _SIGNALS[alert.kind].name, alert.schedule
+    )
+
+
 def send(alerts: Iterable[Alert]) -> None:
     """Send each alert's signal, in order; one receiver's failure never stops the others."""
     for alert in alerts:
-        signal = _SIGNALS[alert.kind]
-        logger.info("celery_boundedbeat: %s %s", signal.name, alert.schedule)
-        signal.send(sender=alert.schedule, **_arguments(alert))
+        _log(alert)
+        _SIGNALS[alert.kind].send(sender=alert.schedule, **_arguments(alert))

@@ -10,6 +10,7 @@ from sqlalchemy import insert, text
 from ..core.limits import MAX_TASK_ID, MAX_TASK_NAME, text_problem
 from ..db.store import QUEUE_CHANNEL, utcnow
 from ..db.tables import QueueRow
+from .unmigrated import explain_enqueue_failure
 
 
 def enqueue(
@@ -24,6 +25,8 @@ def enqueue(
     ``connection`` is a SQLAlchemy ``Connection`` or ``Session`` (or a Django
     ``connection``) on the celery_boundedbeat database. The row is visible to the
     dispatcher only when the caller commits, so a rolled-back transaction never publishes.
+    On a database without the tables it raises :class:`DatabaseNotMigratedError` (the
+    caller's transaction has failed; roll it back).
     """
     import uuid
 
@@ -46,13 +49,20 @@ def enqueue(
         "enqueued_at": now,
         "attempts": 0,
     }
-    if (hasattr(connection, "execute") and hasattr(connection, "dialect")) or hasattr(connection, "get_bind"):
-        connection.execute(insert(QueueRow).values(**values))
-        dialect = connection.dialect if hasattr(connection, "dialect") else connection.get_bind().dialect
-        if dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_notify(:c, '')"), {"c": QUEUE_CHANNEL})
-        return task_id
-    return _enqueue_django(connection, values)
+    try:
+        sqlalchemy = hasattr(connection, "execute") and hasattr(connection, "dialect")
+        if sqlalchemy or hasattr(connection, "get_bind"):
+            connection.execute(insert(QueueRow).values(**values))
+            dialect = connection.dialect if hasattr(connection, "dialect") else connection.get_bind().dialect
+            if dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_notify(:c, '')"), {"c": QUEUE_CHANNEL})
+            return task_id
+        return _enqueue_django(connection, values)
+    except Exception as exc:  # SQLAlchemy's or Django's wrapper of the driver's error
+        explained = explain_enqueue_failure(connection, exc)
+        if explained is None:
+            raise
+        raise explained from exc
 
 
 def _enqueue_django(connection: Any, values: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from ..db.definition_writes import stored_zone
 from ..db.engine import get_engine
 from ..db.store import Store
 from ..db.tables import RunRow, ScheduleRow
+from .unmigrated import explains_missing_tables
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,11 +161,13 @@ def store_for(app: Celery) -> Store:
     return Store(get_engine(Settings.from_conf(app.conf).database_url))
 
 
+@explains_missing_tables
 def snapshot(app: Celery, names: list[str] | None = None) -> list[ScheduleSnapshot]:
     """All schedules (or the chosen ``names``), sorted by name."""
     return [ScheduleSnapshot.from_row(r) for r in store_for(app).schedules(names)]
 
 
+@explains_missing_tables
 def history(
     app: Celery,
     name: str | None = None,

@@ -29,6 +29,7 @@ from ..core.spec import Definition
 from ..db.engine import get_engine
 from ..db.store import Store, utcnow
 from ..db.tables import ScheduleRow
+from .unmigrated import explains_missing_tables
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -73,6 +74,7 @@ def _entry(task: Any, schedule: Any, args: Any, kwargs: Any, options: Any, polic
     return entry
 
 
+@explains_missing_tables
 def add_schedule(
     app: Celery,
     name: str,
@@ -98,6 +100,7 @@ def add_schedule(
     return "scheduled" if added else "already_present"
 
 
+@explains_missing_tables
 def update_schedule(
     app: Celery,
     name: str,
@@ -139,6 +142,7 @@ def update_schedule(
     store.update_schedule(_check_name(name), revise, utcnow(), random.Random())
 
 
+@explains_missing_tables
 def remove_schedule(app: Celery, name: str, *, revoke_active: bool = False) -> bool:
     """Remove a runtime schedule (its run history stays); False when there is none of that name.
 
@@ -207,6 +211,7 @@ def _times(n: int) -> str:
     return f"{n} grid time" if n == 1 else f"{n} grid times"
 
 
+@explains_missing_tables
 def backfill(app: Celery, name: str, start: datetime | str, end: datetime | str) -> BackfillResult:
     """Queue the schedule's grid times in ``[start, end]`` that have no run yet (Temporal's backfill).
 

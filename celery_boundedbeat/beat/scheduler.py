@@ -23,85 +23,56 @@ workers can first write the outcomes they kept.
 
 from __future__ import annotations
 
-import gc
 import logging
 import random
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from celery import Celery, beat
-from sqlalchemy import Engine
 
 from ..config.definitions import Resolver, config_definitions, sweep_slack
-from ..config.settings import Settings
+from ..config.settings import Settings, app_name, warn_unknown_settings
 from ..core.alerts import on_ticked
 from ..core.exceptions import BoundedBeatError, ConfigurationError
-from ..core.loops import (
-    BackgroundLoop,
-    Iteration,
-    IterationRecord,
-    IterationRecorder,
-    OutageLog,
-    run_recorded_iteration,
-)
-from ..core.messages import clip_error
-from ..core.redact import driver_reason, mask_url, scrub
+from ..core.loops import BackgroundLoop, IterationRecorder
 from ..core.spec import Definition
-from ..db.alertlog import TAKE_BATCH
-from ..db.engine import get_engine
 from ..db.faults import is_outage
 from ..db.lease import LeaseEvent, LeaseKeeper, LeaseTurn
-from ..db.migrate import require_current, upgrade
 from ..db.notify import Listener
-from ..db.retention import purge_pass
 from ..db.runs import SETTLED_CHANNEL
 from ..db.store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, Store, TickResult, utcnow
 from ..dispatch.dispatcher import Dispatcher
 from ..signals import send as send_signals
 from .ahead import AheadTicker
 from .exporter import MetricsExporter, serve_metrics
+from .housekeeping import FULL_LOOK_EVERY, Housekeeping, reaper_grace
+from .notices import log_lease_event, log_stopped, log_tick
+from .startup import (
+    EX_CONFIG,
+    EX_UNAVAILABLE,
+    banner_info,
+    freeze_startup_heap,
+    last_drain,
+    log_schedules,
+    prepare_database,
+    runtime_schedule_count,
+)
+
+__all__ = [
+    "EX_CONFIG",
+    "EX_UNAVAILABLE",
+    "FULL_LOOK_EVERY",
+    "Scheduler",
+    "freeze_startup_heap",
+    "reaper_grace",
+]
 
 logger = logging.getLogger("celery_boundedbeat.beat")
 
-#: Seconds between two looks an idle beat does whatever its notifications said (a backstop).
-FULL_LOOK_EVERY = 60.0
 
-#: Exit status when the configuration is invalid (EX_CONFIG).
-EX_CONFIG = 78
-#: Exit status when the database cannot be reached at start (EX_UNAVAILABLE).
-EX_UNAVAILABLE = 69
-
-
-def freeze_startup_heap() -> None:
-    """Keep what start-up built (Celery, the drivers, the app, the engine) out of full collections.
-
-    A full collection walks every object the collector tracks, holding the GIL all along. Under
-    a thousand schedule changes a second the beat ran one every several seconds, 90-120 ms each
-    on a busy two-core machine, and every run due meanwhile waited as long. What start-up built
-    lives as long as the process: walking it again never frees anything. Collected first, so
-    no garbage is frozen with it.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def reaper_grace(down: float, heartbeat_interval: float) -> float:
-    """Seconds the reaper waits after the database was out for ``down`` seconds.
-
-    Workers could not write heartbeats or outcomes meanwhile either, so after a real outage
-    the reaper gives them three heartbeat intervals. A run is settled ``lost`` once its
-    worker's heartbeat is three intervals old; a live worker beats every interval, so after an
-    outage shorter than half an interval (a cut connection, replaced at once) its heartbeat is
-    at most 2½ intervals old when it next writes: no wait is needed. Waiting after each such
-    blip would hold the reaper back for as long as the cuts go on (a pooler restarting every
-    few seconds), and a dead worker's runs with it.
-    """
-    return 0.0 if down < heartbeat_interval / 2 else 3 * heartbeat_interval
-
-
-class Scheduler(beat.Scheduler):  # type: ignore[misc]
+class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
     """Bounded policies, SQL run history, a DB-backed queue and a leader lease."""
 
     #: The cleanup of silent workers' heartbeat rows runs hourly (retention has its own
@@ -202,6 +173,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     def setup_schedule(self) -> None:
         """Validate every entry, prepare the database, reconcile schedules, start helpers."""
         settings = self.settings
+        warn_unknown_settings(self.app.conf, logger)  # here, not in ``info``: logging is set up
         try:
             self._config = config_definitions(self.app, settings.default_policy)
         except ConfigurationError as exc:
@@ -209,7 +181,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             raise SystemExit(EX_CONFIG) from None
         self._resolver = Resolver(self.app, self._config)
         self._store = Store(
-            self._prepare_database(settings.database_url, settings.should_auto_migrate),
+            prepare_database(settings.database_url, settings.should_auto_migrate, app_name(self.app)),
             failing_threshold=settings.failing_threshold,
         )
         self._lease = LeaseKeeper(
@@ -217,12 +189,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         )
         # The schedule rows are reconciled with beat_schedule by the lease holder only, when it
         # takes the lease (``_reconcile``): a standby never writes them.
-        logger.info(
-            "celery_boundedbeat: %d schedule(s) from %s; database %s",
-            len(self._config),
-            "beat_schedule",
-            mask_url(settings.database_url),
-        )
+        log_schedules(len(self._config), settings.database_url)
         if settings.dispatch_enabled:
             self._dispatcher = Dispatcher(
                 self.app,
@@ -251,44 +218,15 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             )
             self._listener.start()
         if settings.metrics_port is not None:
-            self._metrics = self._serve_metrics(self._store.engine, settings, settings.metrics_port)
-        freeze_startup_heap()
-
-    def _serve_metrics(self, engine: Engine, settings: Settings, port: int) -> MetricsExporter | None:
-        return serve_metrics(
-            engine,
-            host=settings.metrics_host,
-            port=port,
-            refresh_interval=settings.metrics_refresh_interval,
-            leader=self.lease.acting,
-            unstarted_after=settings.unstarted_warning,
-        )
-
-    @staticmethod
-    def _prepare_database(url: str, auto_migrate: bool) -> Engine:
-        """The engine, with the schema migrated or checked; one clean line and an exit otherwise.
-
-        A bad URL or a missing migration is a configuration error (EX_CONFIG); a database that
-        cannot be reached at start is EX_UNAVAILABLE, said once with the (masked) reason
-        instead of a page of traceback per retry.
-        """
-        try:
-            engine = get_engine(url)
-            if auto_migrate:
-                upgrade(engine)
-            else:
-                require_current(engine, mask_url(url))
-        except BoundedBeatError as exc:
-            logger.critical("%s", scrub(str(exc), url))
-            raise SystemExit(EX_CONFIG) from None
-        except Exception as exc:
-            if not is_outage(exc):
-                raise
-            logger.critical(
-                "celery_boundedbeat: cannot reach the database %s: %s", mask_url(url), driver_reason(exc, url)
+            self._metrics = serve_metrics(
+                self._store.engine,
+                host=settings.metrics_host,
+                port=settings.metrics_port,
+                refresh_interval=settings.metrics_refresh_interval,
+                leader=self._lease.acting,
+                unstarted_after=settings.unstarted_warning,
             )
-            raise SystemExit(EX_UNAVAILABLE) from None
-        return engine
+        freeze_startup_heap()
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == QUEUE_CHANNEL:
@@ -551,71 +489,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 exc,
             )
 
-    def _housekeep(self, mono: float, now: datetime) -> None:
-        """The leader's periodic chores: the reaper, the alert signals, silent workers' rows."""
-        if mono >= self._next_reap_at:
-            self._next_reap_at = mono + self.settings.heartbeat_interval / self.reaps_per_heartbeat
-            backstop = mono >= self._next_full_reap_at
-            if backstop:
-                self._next_full_reap_at = mono + FULL_LOOK_EVERY
-            if mono >= self._reap_not_before and (self._runs_may_be_active or backstop):
-                self._reap(now)
-            if self._alerts_may_wait or self._polling or backstop:
-                self._send_alerts(now)
-        if mono >= self._next_housekeeping_at:
-            self._next_housekeeping_at = mono + self.retention_every
-            silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
-            try:
-                self.store.forget_silent_workers(now - timedelta(seconds=silent))
-            except Exception as exc:
-                self._failed("worker row cleanup", exc, now)
-
-    def _send_alerts(self, now: datetime) -> None:
-        """Send the alert signals settles wrote (workers' and the reaper's), once each."""
-        self._alerts_may_wait = False  # before the read: a settle noticed meanwhile sets it again
-        try:
-            alerts = self.store.take_alerts()
-        except Exception as exc:
-            self._alerts_may_wait = True
-            self._failed("alerts", exc, now)
-            return
-        self._succeeded("alerts")
-        if len(alerts) >= TAKE_BATCH:
-            self._alerts_may_wait = True  # a full batch: more may wait
-        send_signals(alerts)
-
-    def _run_retention(self, shutdown: threading.Event, wakeup: threading.Event) -> None:
-        """Retention passes every ``retention_interval`` while this beat holds the lease."""
-        outage = OutageLog(logger, "retention purge")
-        while not shutdown.is_set():
-            wait = self.settings.retention_interval
-            if self.lease.acting():
-                run_recorded_iteration(
-                    "retention purge", lambda: self._purge(shutdown), logger, self._recorder.record, outage
-                )
-            else:
-                wait = min(wait, self.settings.lease_renew_interval)
-            wakeup.wait(wait)
-            wakeup.clear()
-
-    def _purge(self, shutdown: threading.Event) -> Iteration:
-        """One pass (:func:`~.retention.purge_pass`), stopped between batches by shutdown or the lease."""
-        purged = purge_pass(
-            self.store.engine,
-            utcnow(),
-            retention_days=self.settings.retention_days,
-            may_go=lambda: not shutdown.is_set() and self.lease.acting(),
-        )
-        if purged.total:
-            logger.info(
-                "celery_boundedbeat: retention deleted %d run(s): %d by keep_runs, %d by keep_for, "
-                "%d by boundedbeat_retention_days",
-                purged.total,
-                purged.by_count,
-                purged.by_age,
-                purged.global_age,
-            )
-        return Iteration(has_activity=purged.total > 0)
+    def _log_tick(self, result: TickResult) -> None:
+        log_tick(result, self._failing_rows)
 
     def _next_wait(self, result: TickResult | None, wait: float) -> float:
         """Seconds until the next reason to look: a due schedule, the lease, the reaper."""
@@ -634,107 +509,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if seconds > 0:
             self._wake.wait(seconds)
         self._wake.clear()
-
-    def _log_tick(self, result: TickResult) -> None:
-        for name, error in result.failed.items():
-            if name not in self._failing_rows:
-                self._failing_rows.add(name)
-                logger.error(
-                    "celery_boundedbeat: schedule %r is not run: its tick failed (%s); it is set aside "
-                    "and retried every minute, every other schedule goes on",
-                    name,
-                    error,
-                )
-        for name in self._failing_rows & result.outcomes.keys():
-            self._failing_rows.discard(name)
-            logger.warning("celery_boundedbeat: schedule %r ticks again", name)
-        for run in result.emitted:
-            logger.info(
-                "celery_boundedbeat: emitted %s run %s (scheduled for %s, drift %d ms%s)",
-                run.schedule,
-                run.id,
-                run.scheduled_for.isoformat(),
-                run.drift_ms,
-                ", overlapping" if run.overlap else "",
-            )
-        for name, outcome in result.outcomes.items():
-            if outcome.busy_skipped:
-                logger.info(
-                    "celery_boundedbeat: %s skipped %d tick(s): every slot busy", name, outcome.busy_skipped
-                )
-            if outcome.window_dropped:
-                logger.info(
-                    "celery_boundedbeat: %s dropped %d tick(s) found past catchup_window",
-                    name,
-                    outcome.window_dropped,
-                )
-            if outcome.buffer_dropped:
-                logger.info(
-                    "celery_boundedbeat: %s dropped %d tick(s) from its pending buffer",
-                    name,
-                    outcome.buffer_dropped,
-                )
-            if outcome.coalesced:
-                logger.info("celery_boundedbeat: %s coalesced missed ticks into one pending run", name)
-
-    def _reap(self, now: datetime) -> None:
-        try:
-            if not self.store.has_active_runs():
-                # Only this beat's ticks make runs active: nothing to reap until it emits again.
-                self._runs_may_be_active = False
-                self._succeeded("reap")
-                return
-            settled = self.store.reap(
-                now,
-                heartbeat_interval=self.settings.heartbeat_interval,
-                start_timeout=self.settings.start_timeout,
-                rng=self._rng,
-            )
-        except Exception as exc:
-            self._failed("reap", exc, now)
-            return
-        self._succeeded("reap")
-        if settled:
-            self._alerts_may_wait = True  # a lost or timed-out run may have left an alert
-        for run in settled:
-            logger.warning(
-                "celery_boundedbeat: run %s of %s settled %s by the reaper",
-                run.run_id,
-                run.schedule,
-                run.state.value,
-            )
-
-    # -- recorded iterations ---------------------------------------------------------------
-
-    def _failed(self, loop: str, exc: BaseException, started: datetime) -> None:
-        """One failed iteration of ``loop``: the recorder logs and keeps it; the loop goes on."""
-        self._recorder.failed(loop, exc, started.timestamp())
-
-    def _succeeded(self, loop: str) -> None:
-        """An iteration of ``loop`` reached the database; after an outage, hold the reaper back."""
-        down = self._recorder.succeeded(loop)
-        if down is None:
-            return
-        grace = reaper_grace(down, self.settings.heartbeat_interval)
-        if grace <= 0:
-            return
-        self._reap_not_before = time.monotonic() + grace
-        logger.warning(
-            "celery_boundedbeat: the database is reachable again after %.1f s; the reaper waits "
-            "%g s for workers to report the runs that ended meanwhile",
-            down,
-            grace,
-        )
-
-    def _write_record(self, record: IterationRecord) -> None:
-        """The recorder's writer: one ``boundedbeat_iterations`` row, signed by this beat."""
-        self.store.record_iteration(
-            record.name,
-            self.lease.holder,
-            datetime.fromtimestamp(record.started_at, UTC),
-            datetime.fromtimestamp(record.finished_at, UTC),
-            None if record.error is None else clip_error(record.error),
-        )
 
     # -- leader lease ---------------------------------------------------------------------
 
@@ -758,25 +532,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             # Another beat's runs and changes made before this term: look at everything once.
             self._stale = self._runs_may_be_active = self._alerts_may_wait = True
             self._first_look = True
-            logger.info("celery_boundedbeat: %s holds the beat lease; scheduling", holder)
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
             if self._retention_loop is not None:
                 self._retention_loop.wake()  # a pass as soon as this beat leads
-        elif event is LeaseEvent.TAKEN:
-            logger.warning("celery_boundedbeat: another beat took the beat lease; standing by")
-        elif event is LeaseEvent.STANDING_BY:
-            logger.info(
-                "celery_boundedbeat: %s is standing by; the beat lease is held by %s",
-                holder,
-                turn.other_holder or "another beat",
-            )
-        elif event is LeaseEvent.EXPIRED:
-            logger.warning(
-                "celery_boundedbeat: could not renew the beat lease in time; stopped scheduling "
-                "%g s before it can expire; standing by",
-                self.settings.lease_renew_interval,
-            )
+        log_lease_event(event, holder, turn.other_holder, self.settings.lease_renew_interval)
 
     # -- shutdown and banner ----------------------------------------------------------------
 
@@ -801,7 +561,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if self._dispatch_loop is not None and not self._dispatch_loop.stop(grace):
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
         elif self._dispatcher is not None:
-            self._last_drain(self._dispatcher, grace)
+            last_drain(self._dispatcher, grace)
         if self._retention_loop is not None and not self._retention_loop.stop(grace):
             logger.warning("celery_boundedbeat: retention did not stop within %g s; abandoning it", grace)
         if self._listener is not None:
@@ -810,31 +570,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             self._metrics.stop()
         if self._lease is not None:
             try:
-                self._lease.release()
+                released: bool | None = self._lease.release()
             except Exception:
+                released = None
                 logger.debug("celery_boundedbeat: could not release the lease", exc_info=True)
+            log_stopped(released, self.settings.lease_ttl)
         super().close()
-
-    def _last_drain(self, dispatcher: Dispatcher, grace: float) -> None:
-        """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
-
-        A tick committed just before SIGTERM would otherwise wait in the queue for the next
-        beat or dispatcher; the rows a prepared tick's interrupted publish gave back (the ones
-        the broker had not taken) are published here. The drain runs in a daemon thread so a
-        broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
-        A beat that no longer holds the lease publishes nothing (the dispatcher's ``may_run``).
-        """
-        stop = threading.Event()
-        drain = threading.Thread(
-            target=lambda: dispatcher.drain(stop), name="boundedbeat-last-drain", daemon=True
-        )
-        drain.start()
-        drain.join(grace)
-        stop.set()  # a drain still going stops after its current batch
-        if drain.is_alive():
-            logger.warning(
-                "celery_boundedbeat: the last drain did not end within %g s; the rest stays queued", grace
-            )
 
     def sync(self) -> None:
         """Nothing to flush: every state change is already committed."""
@@ -845,11 +586,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     @property
     def info(self) -> str:
+        """The banner's lines (Celery prints them from a second, lazy scheduler before setup)."""
         settings = self.settings
-        lines = [
-            f"database -> {mask_url(settings.database_url)}",
-            ". dispatcher -> "
-            + ("in beat" if settings.dispatch_enabled else "external (boundedbeat dispatch)"),
-            f". entries -> {len(self.app.conf.beat_schedule or {})}",
-        ]
-        return "\n".join(lines)
+        configured = len(self.app.conf.beat_schedule or {})
+        return banner_info(settings, configured, runtime_schedule_count(settings.database_url))

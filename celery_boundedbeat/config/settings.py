@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 import re
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -155,6 +157,55 @@ class Settings:
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
 
 
+#: Keys with the ``boundedbeat_`` prefix that are not :class:`Settings` fields but are known
+#: (the Django admin's ``BOUNDEDBEAT_ADMIN_DATABASE``).
+_OTHER_KEYS = frozenset({"admin_database"})
+#: The prefixes a setting is written with: Celery's own and Django's ``CELERY_`` namespace.
+_PREFIXES = ("celery_boundedbeat_", "boundedbeat_")
+
+#: Unknown keys already warned about in this process (beat builds two schedulers, a worker
+#: may run several apps: each typo is said once).
+_warned: set[str] = set()
+
+
+def unknown_settings(keys: Iterable[str]) -> list[tuple[str, str | None]]:
+    """Each ``boundedbeat_*`` key that is no setting, with the closest known one as it would be written.
+
+    ``boundedbeat_databse_url`` gives ``boundedbeat_database_url``; Django's
+    ``CELERY_BOUNDEDBEAT_DATABSE_URL`` gives ``CELERY_BOUNDEDBEAT_DATABASE_URL``.
+    """
+    known = sorted({*Settings.__dataclass_fields__, *_OTHER_KEYS})
+    found: list[tuple[str, str | None]] = []
+    for key in keys:
+        lowered = key.lower()
+        prefix = next((p for p in _PREFIXES if lowered.startswith(p)), None)
+        if prefix is None or lowered[len(prefix) :] in known:
+            continue
+        close = difflib.get_close_matches(lowered[len(prefix) :], known, n=1)
+        suggestion = None
+        if close:
+            written = key[: len(prefix)] + close[0]
+            suggestion = written.upper() if key.isupper() else written
+        found.append((key, suggestion))
+    return sorted(found)
+
+
+def warn_unknown_settings(conf: Any, logger: logging.Logger) -> None:
+    """Log one warning per unknown ``boundedbeat_*`` key in ``conf`` (once per process).
+
+    A mistyped setting is otherwise ignored without a word, and its default used.
+    """
+    keys = getattr(conf, "keys", None)
+    if keys is None:
+        return
+    for key, suggestion in unknown_settings(str(k) for k in keys()):
+        if key in _warned:
+            continue
+        _warned.add(key)
+        hint = f"; did you mean {suggestion}?" if suggestion else ""
+        logger.warning("celery_boundedbeat: unknown setting %s is ignored%s", key, hint)
+
+
 def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
     """One setting's value as stored, or why it is refused (the default's type decides)."""
     if name == "database_url":
@@ -236,6 +287,24 @@ _LIBPQ_OPTIONS = frozenset(
 )
 #: Database names that need no escaping (others go in the ``dbname`` query parameter).
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.$-]+")
+
+
+def app_name(app: Any) -> str | None:
+    """What ``celery -A`` names for ``app`` (its ``main``), for the commands a message quotes.
+
+    ``None`` for an app without one and for the app the Django admin builds for itself.
+    """
+    main = getattr(app, "main", None)
+    if not isinstance(main, str) or not main or main == "__main__" or main.startswith("celery_boundedbeat"):
+        return None
+    return main
+
+
+def django_configured() -> bool:
+    """Whether this process has configured Django settings (never imports Django)."""
+    django_conf = sys.modules.get("django.conf")
+    django_settings = getattr(django_conf, "settings", None)
+    return django_settings is not None and bool(django_settings.configured)
 
 
 def django_default_database_url() -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
-from ..config.settings import Settings
+from ..config.settings import Settings, warn_unknown_settings
 from ..core.enums import RunState
 from ..core.exceptions import BoundedBeatError, NotInScheduledRunError
 from ..core.messages import (
@@ -346,6 +346,8 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     """
     app = getattr(sender, "app", None)
     for tracked in [app] if app in _trackers else list(_trackers):
+        if tracked is not None:
+            warn_unknown_settings(tracked.conf, logger)
         threading.Thread(
             target=_warn_if_unusable, args=(tracked,), name="boundedbeat-db-check", daemon=True
         ).start()

@@ -11,6 +11,7 @@ import pytest
 from .apps import Raw
 from .harness import Harness
 from .reads import ACTIVE_STATES
+from .waiting import wait_for_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -144,7 +145,7 @@ def test_status_and_history_commands_report_the_live_schedules(bb: Harness) -> N
 
 @pytest.mark.parametrize("backend", ["pg-rabbitmq"], indirect=True)
 def test_migrate_is_required_on_postgresql(bb: Harness) -> None:
-    """Beat refuses an un-migrated PostgreSQL database, naming migrate; after migrate it runs."""
+    """Beat refuses an un-migrated PostgreSQL database, naming migrate for its app; after migrate it runs."""
     bb.write_app({"ok": bb.entry("ok", 0.5, durations=[0.05])})
     beat = bb.start_beat(migrate=False, wait_lease=False)
     beat.expect_alive = False
@@ -153,7 +154,8 @@ def test_migrate_is_required_on_postgresql(bb: Harness) -> None:
     except Exception:
         raise AssertionError(f"beat kept running on an un-migrated database\n{beat.tail()}") from None
     assert status != 0, beat.output()
-    assert "boundedbeat migrate" in beat.output(), beat.output()
+    # The command to run names this app, as `-A` does, not a placeholder.
+    assert f"celery -A {bb.module} boundedbeat migrate" in beat.output(), beat.output()
     assert bb.sql("SELECT to_regclass('boundedbeat_runs') AS t") == [{"t": None}], (
         "beat created tables itself"
     )
@@ -166,3 +168,37 @@ def test_migrate_is_required_on_postgresql(bb: Harness) -> None:
     bb.start(concurrency=1)
     bb.wait_until(lambda: bb.finished("ok"), timeout=20, what="a completed run after migrating")
     bb.assert_no_errors("boundedbeat migrate")
+
+
+@pytest.mark.parametrize("backend", ["sqlite-filesystem"], indirect=True)
+def test_what_beat_says_from_a_first_start_to_a_clean_stop(bb: Harness) -> None:
+    """A mistyped setting is warned about once per process with the name it meant (beat, worker,
+    CLI); the banner lines align with Celery's and count runtime schedules; Alembic says only the
+    migrations it runs; a SIGTERM ends with one line saying the lease was released."""
+    bb.write_app({"ok": bb.entry("ok", 60.0)}, boundedbeat_pol_interval=2.0)
+    typo = "unknown setting boundedbeat_pol_interval is ignored; did you mean boundedbeat_poll_interval?"
+
+    first = bb.start_beat()  # a fresh SQLite file: this beat migrates it
+    assert bb.stop(first) == 0, first.tail()
+    output = first.output()
+    assert "Running upgrade" in output, output
+    assert "Context impl" not in output and "Will assume" not in output, output
+    assert output.count(typo) == 1, output
+    assert output.rstrip().endswith("celery_boundedbeat: beat stopped (lease released)"), first.tail()
+
+    check = bb.celery("boundedbeat", "check", check=True)
+    assert typo in check.stderr, check.stderr
+    bb.celery("boundedbeat", "add", "tenant-1", f"{bb.module}.work", "--every", "60", check=True)
+
+    second = bb.start_beat()
+    lines = second.output().splitlines()
+    start = lines.index("Configuration ->") + 1
+    banner = lines[start : lines.index("", start)]  # Celery's lines and ours, up to the blank line
+    assert len(banner) >= 6 and all(line.startswith("    . ") for line in banner), banner
+    assert "    . schedules -> 1 from beat_schedule, 1 at runtime" in banner, banner
+    assert "    . dispatcher -> in beat" in banner, banner
+    assert "Running upgrade" not in second.output() and "Context impl" not in second.output()
+    assert "schedules: 1 from beat_schedule, 1 at runtime; database sqlite:" in second.output()
+
+    worker = bb.start_worker()
+    wait_for_log(worker, typo, timeout=20)

@@ -164,3 +164,15 @@ def test_runs_routed_to_a_queue_no_worker_consumes_are_reported_everywhere(bb: H
             return 'boundedbeat_schedule_unstarted_runs{schedule="typo"} 1.0' in response.read().decode()
 
     bb.wait_until(scraped, 30, "beat's /metrics to count the unstarted run")
+
+
+@sqlite_only
+def test_a_tick_bound_below_the_renew_interval_is_a_usage_error_not_unhealthy(bb: Harness) -> None:
+    """`health --max-tick-age 3` under a 5 s renewal exits 2 with Click's usage error, beat running or not:
+    a probe that read it as "unhealthy" would restart a healthy beat forever."""
+    bb.write_app({"ok": bb.entry("ok", 1.0)})
+    result = bb.celery("boundedbeat", "health", "--max-tick-age", "3", timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    refusal = "Error: --max-tick-age 3 s must be longer than boundedbeat_lease_renew_interval (5 s)"
+    assert refusal in result.stderr
+    assert "unhealthy" not in result.stdout + result.stderr

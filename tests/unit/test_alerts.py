@@ -340,3 +340,27 @@ def test_concurrent_takers_never_hand_out_one_alert_twice(store: Store) -> None:
         t.join(60)
     assert errors == []
     assert sorted(got) == list(range(200))
+
+
+def test_sending_logs_in_words_never_a_signal_name_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """A failing schedule is a WARNING and a recovery an INFO line in words; the signal names
+    (ticks_dropped, run_lost, ...) are DEBUG only: the tick and the reaper say those in words."""
+    caplog.set_level("DEBUG", logger="celery_boundedbeat")
+    signals.send(
+        [
+            Alert(kind=AlertKind.FAILING, schedule="a", at=T0, run_id="r1", state=F, count=3, error="e"),
+            Alert(kind=AlertKind.RECOVERED, schedule="a", at=T0, run_id="r2", state=C, since=T0),
+            Alert(kind=AlertKind.TICKS_DROPPED, schedule="b", at=T0, count=2),
+            Alert(kind=AlertKind.RUN_LOST, schedule="c", at=T0, run_id="r3", state=RunState.LOST, error="x"),
+        ]
+    )
+    above_debug = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname != "DEBUG"]
+    assert above_debug == [
+        (
+            "WARNING",
+            "celery_boundedbeat: schedule 'a' is failing: 3 failure(s) in a row, the last run r1 failed",
+        ),
+        ("INFO", "celery_boundedbeat: schedule 'a' recovered: run r2 completed"),
+    ]
+    debug = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert "celery_boundedbeat: sending the ticks_dropped signal for 'b'" in debug

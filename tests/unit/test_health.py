@@ -295,7 +295,8 @@ def test_health_exits_1_with_a_masked_password_when_the_database_is_unreachable(
 
 
 def test_health_refuses_a_tick_bound_within_the_renew_interval(sqlite_url: str) -> None:
-    """``--max-tick-age 5`` with the default 5 s renewal exits 1 and says why."""
+    """``--max-tick-age 5`` with the default 5 s renewal is a usage error (exit 2), not "unhealthy"."""
     result = run(app_for(sqlite_url), "health", "--max-tick-age", "5")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "must be longer than boundedbeat_lease_renew_interval (5 s)" in result.output
+    assert "unhealthy" not in result.output

@@ -121,7 +121,7 @@ def test_migrations_path_works_in_the_editable_install() -> None:
 
 @pytest.mark.timeout(240)
 def test_the_wheel_ships_the_migrations_and_upgrades_from_a_clean_venv(tmp_path: Path) -> None:
-    """A built wheel ships the migrations; installed alone in a fresh venv it migrates a SQLite database."""
+    """The wheel the install steps build ships the migrations; alone in a fresh venv it migrates SQLite."""
     dist = tmp_path / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(REPO)],
@@ -131,6 +131,10 @@ def test_the_wheel_ships_the_migrations_and_upgrades_from_a_clean_venv(tmp_path:
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = dist.glob("celery_boundedbeat-*.whl")
+    # The install steps quote the command above and the wheel it writes (the package is not on PyPI).
+    for page in ("README.md", "docs/django.md"):
+        text = (REPO / page).read_text()
+        assert "python -m pip wheel --no-deps -w dist ." in text and wheel.name in text, page
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "celery_boundedbeat/db/migrations/env.py" in names
     versions = "celery_boundedbeat/db/migrations/versions/"

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import celery
 import pytest
 
-from celery_boundedbeat.config.settings import DEFAULT_DATABASE_URL, Settings
+from celery_boundedbeat.config.settings import (
+    DEFAULT_DATABASE_URL,
+    Settings,
+    unknown_settings,
+    warn_unknown_settings,
+)
 from celery_boundedbeat.core.exceptions import ConfigurationError
 
 
@@ -144,3 +150,34 @@ def test_every_bad_setting_is_reported_at_once() -> None:
         boundedbeat_dispatch_batch_size=0,
         boundedbeat_auto_migrate="no",
     ) == {"boundedbeat_lease_ttl", "boundedbeat_dispatch_batch_size", "boundedbeat_auto_migrate"}
+
+
+def test_an_unknown_setting_is_named_with_the_closest_known_one() -> None:
+    """A typo gets its closest setting, written as the user wrote theirs (Celery's or Django's form)."""
+    keys = [
+        "boundedbeat_databse_url",
+        "CELERY_BOUNDEDBEAT_LEASE_TT",
+        "boundedbeat_poll_interval",
+        "BOUNDEDBEAT_ADMIN_DATABASE",
+        "boundedbeat_zzzz",
+        "broker_url",
+    ]
+    assert unknown_settings(keys) == [
+        ("CELERY_BOUNDEDBEAT_LEASE_TT", "CELERY_BOUNDEDBEAT_LEASE_TTL"),
+        ("boundedbeat_databse_url", "boundedbeat_database_url"),
+        ("boundedbeat_zzzz", None),
+    ]
+
+
+def test_an_unknown_setting_is_warned_about_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    """Read twice (beat builds two schedulers), the typo is one warning naming the setting meant."""
+    app = celery.Celery("t", set_as_current=False)
+    app.conf.update(boundedbeat_retention_dayz=3)
+    log = logging.getLogger("celery_boundedbeat.test_settings")
+    with caplog.at_level("WARNING", logger=log.name):
+        warn_unknown_settings(app.conf, log)
+        warn_unknown_settings(app.conf, log)
+    assert [r.getMessage() for r in caplog.records] == [
+        "celery_boundedbeat: unknown setting boundedbeat_retention_dayz is ignored; "
+        "did you mean boundedbeat_retention_days?"
+    ]

@@ -4,11 +4,17 @@
 Django's ``migrate`` does not create the celery_boundedbeat tables (Alembic does), so a
 project that skipped ``manage.py boundedbeat_migrate`` would otherwise learn it from a 500
 on every admin page. ``manage.py check`` (and ``runserver``, ``migrate``) name what is missing.
+
+An unusable setting (a database URL that cannot be parsed, or whose driver is not installed)
+ends the process with the problem named and exit status 78 (EX_CONFIG), as beat does: Celery's
+Django fixup runs these checks when ``celery beat`` and ``celery worker`` start, and a check
+that raised would end them with a page of traceback instead.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from django.conf import settings as django_settings
 from django.core import checks
@@ -16,13 +22,24 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from ...core.exceptions import BoundedBeatError
-from ...core.redact import driver_reason, mask_url
+from ...core.redact import driver_reason, mask_url, scrub
 from ...db.engine import get_engine
 from ...db.migrate import current_revision, head_revision
 from ...db.tables import metadata
 from .conf import ADMIN_DATABASE_SETTING, admin_database, boundedbeat_settings
 
 MIGRATE_HINT = "Run `python manage.py boundedbeat_migrate` (or `celery -A proj boundedbeat migrate`)."
+
+#: Exit status when the configuration is invalid (EX_CONFIG, as beat and ``boundedbeat check``).
+EX_CONFIG = 78
+
+
+def _refuse(exc: BoundedBeatError, url: str | None) -> NoReturn:
+    """End the process naming the problem (password masked), with EX_CONFIG, no traceback."""
+    text = str(exc) if url is None else scrub(str(exc), url)
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+    raise SystemExit(EX_CONFIG)
 
 
 @checks.register()
@@ -43,15 +60,20 @@ def check_admin_database(**kwargs: Any) -> list[checks.CheckMessage]:
 def check_tables(**kwargs: Any) -> list[checks.CheckMessage]:
     """W002 when tables are missing or the schema is behind this version; W001 when unreachable.
 
+    Invalid settings or an unusable URL end the process (:func:`_refuse`).
+
     Warnings, not errors: an error would stop ``manage.py migrate`` (which runs the checks)
     in a new project, before anyone could create the tables.
     """
     try:
         url = boundedbeat_settings().database_url
     except BoundedBeatError as exc:
-        return [checks.Error(str(exc), id="celery_boundedbeat.E003")]
+        _refuse(exc, None)
     try:
         engine = get_engine(url)
+    except BoundedBeatError as exc:
+        _refuse(exc, url)
+    try:
         present = set(inspect(engine).get_table_names())
         current = current_revision(engine)
     except SQLAlchemyError as exc:
