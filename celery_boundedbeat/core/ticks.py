@@ -17,7 +17,7 @@ from .enums import MissedTicks, Mode, RunState, StopReason
 from .loops import effective_jitter_cap
 from .policy import Policy
 from .spec import EntrySpec
-from .timing import Timing
+from .timing import IntervalTiming, Timing
 
 MAX_QUEUED_TRIGGERS = 10
 """Triggered runs one schedule keeps waiting for a slot; a trigger past this is refused.
@@ -174,12 +174,38 @@ def jitter_delay(policy: Policy, gap_s: float, rng: random.Random) -> timedelta:
     return timedelta(seconds=rng.uniform(0.0, cap))
 
 
-def initial_state(policy: Policy, timing: Timing, now: datetime, rng: random.Random) -> ScheduleState:
-    """State of a schedule seen for the first time: first run due after ``initial_delay``."""
+def opening(policy: Policy, timing: Timing, t: datetime, *, reach_back: bool = False) -> datetime:
+    """The first grid time of a schedule starting at ``t``, never one before ``start_at``.
+
+    A future ``start_at`` is where the grid starts (an interval's first tick is ``start_at``;
+    a calendar's first fire time at or after it). A past one keeps an interval on its phase
+    (``start_at + k * period``): from ``t`` on, or, with ``reach_back`` (a new schedule), from
+    the latest grid time at or before ``t``, which is then due at once as a tick found late.
+    A calendar never reaches back: its first fire time at or after ``t``.
+    """
+    start = policy.start_at
+    if start is None or start >= t:
+        return timing.first_at_or_after(t if start is None else start)
+    if not isinstance(timing, IntervalTiming):
+        return timing.first_at_or_after(t)
+    step = timedelta(seconds=timing.period)
+    behind = (t - start) // step
+    latest = start + step * behind
+    return latest if reach_back or latest == t else latest + step
+
+
+def initial_state(
+    policy: Policy, timing: Timing, now: datetime, rng: random.Random, *, reach_back: bool = False
+) -> ScheduleState:
+    """State of a schedule seen for the first time: first run due after ``initial_delay``.
+
+    Never before ``start_at`` (:func:`opening`; ``reach_back`` for a schedule just added).
+    """
     first = now + timedelta(seconds=policy.initial_delay)
     if policy.mode is Mode.FIXED_DELAY:
-        return ScheduleState(next_due_at=first)
-    grid = timing.first_at_or_after(first)
+        start = policy.start_at
+        return ScheduleState(next_due_at=first if start is None else max(first, start))
+    grid = opening(policy, timing, first, reach_back=reach_back)
     return ScheduleState(grid_at=grid, next_due_at=grid + jitter_delay(policy, timing.gap(grid), rng))
 
 
@@ -361,7 +387,7 @@ def on_resume(
     grid_at, next_due = state.grid_at, state.next_due_at
     if policy.mode is Mode.FIXED_DELAY:
         if state.active_runs == 0:
-            next_due = now
+            next_due = now if policy.start_at is None else max(now, policy.start_at)
     elif replay and grid_at is not None and grid_at < now:
         next_due = now
     elif grid_at is not None and grid_at < now and period:
@@ -436,8 +462,11 @@ def on_config_change(
 def first_state(
     spec: EntrySpec, now: datetime, rng: random.Random, last_run_at: datetime | None = None
 ) -> ScheduleState:
-    """A new schedule's state; its first tick after ``last_run_at`` (a name used before)."""
-    return _restarted(spec, ScheduleState(), now, rng, last_run_at)
+    """A new schedule's state; its first tick after ``last_run_at`` (a name used before).
+
+    A past ``start_at`` reaches back: the interval grid time in progress is due at once.
+    """
+    return _restarted(spec, ScheduleState(), now, rng, last_run_at, reach_back=True)
 
 
 def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:
@@ -448,7 +477,13 @@ def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:
 
 
 def _restarted(
-    spec: EntrySpec, state: ScheduleState, now: datetime, rng: random.Random, last_run_at: datetime | None
+    spec: EntrySpec,
+    state: ScheduleState,
+    now: datetime,
+    rng: random.Random,
+    last_run_at: datetime | None,
+    *,
+    reach_back: bool = False,
 ) -> ScheduleState:
     """A new grid (or fixed-delay due time) from ``now``, after ``last_run_at`` when given.
 
@@ -456,7 +491,7 @@ def _restarted(
     change comes in the very microsecond of a run: the new grid's first tick would repeat
     that run's time and break the unique run key.
     """
-    fresh = initial_state(spec.policy, spec.timing, now, rng)
+    fresh = initial_state(spec.policy, spec.timing, now, rng, reach_back=reach_back)
     first = fresh.grid_at or fresh.next_due_at
     if last_run_at is not None and first is not None and first <= last_run_at:
         # Start as if the change came 1 µs after that run, ``initial_delay`` included.
