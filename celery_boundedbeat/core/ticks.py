@@ -17,7 +17,7 @@ from .enums import MissedTicks, Mode, RunState, StopReason
 from .loops import effective_jitter_cap
 from .policy import Policy
 from .spec import EntrySpec
-from .timing import IntervalTiming, Timing
+from .timing import MAX_COUNTED_CALENDAR_TICKS, IntervalTiming, Timing
 
 MAX_QUEUED_TRIGGERS = 10
 """Triggered runs one schedule keeps waiting for a slot; a trigger past this is refused.
@@ -179,19 +179,28 @@ def opening(policy: Policy, timing: Timing, t: datetime, *, reach_back: bool = F
 
     A future ``start_at`` is where the grid starts (an interval's first tick is ``start_at``;
     a calendar's first fire time at or after it). A past one keeps an interval on its phase
-    (``start_at + k * period``): from ``t`` on, or, with ``reach_back`` (a new schedule), from
-    the latest grid time at or before ``t``, which is then due at once as a tick found late.
-    A calendar never reaches back: its first fire time at or after ``t``.
+    (``start_at + k * period``) from ``t`` on. With ``reach_back`` (a schedule just added) the
+    grid time in progress, the latest at or before ``t`` and not before ``start_at``, is where
+    it starts instead: due at once, as a tick found late.
     """
     start = policy.start_at
     if start is None or start >= t:
         return timing.first_at_or_after(t if start is None else start)
     if not isinstance(timing, IntervalTiming):
-        return timing.first_at_or_after(t)
+        latest = _latest_fire(timing, start, t) if reach_back else None
+        return timing.first_at_or_after(t) if latest is None else latest
     step = timedelta(seconds=timing.period)
-    behind = (t - start) // step
-    latest = start + step * behind
+    latest = start + step * ((t - start) // step)
     return latest if reach_back or latest == t else latest + step
+
+
+def _latest_fire(timing: Timing, start: datetime, t: datetime) -> datetime | None:
+    """A calendar's latest fire time in ``[start, t]``; ``None`` if none, or too many to walk."""
+    first = timing.first_at_or_after(start)
+    count, tick_at, _ = timing.passed(first, t)
+    if count == 0 or count >= MAX_COUNTED_CALENDAR_TICKS:
+        return None
+    return tick_at(count - 1)
 
 
 def initial_state(

@@ -127,10 +127,33 @@ def test_crontab_skips_fire_times_before_start_at() -> None:
     assert emitted(s, state, T0 + sec(50 * 60)) == [T0 + sec(30 * 60), T0 + sec(45 * 60)]
 
 
-def test_crontab_with_past_start_at_starts_from_now() -> None:
-    """A past start_at leaves a calendar schedule as without it: first fire time from now."""
+def test_new_crontab_with_past_start_at_runs_its_latest_fire_time_at_once() -> None:
+    """A calendar schedule added after start_at starts with its latest fire time since start_at."""
     s = spec(crontab(minute="*/15"), start_at=T0 - sec(3600))
-    assert first_state(s, T0 + sec(60), RNG).grid_at == T0 + sec(15 * 60)
+    state = first_state(s, T0 + sec(60), RNG)
+    assert state.grid_at == T0
+    assert emitted(s, state, T0 + sec(16 * 60)) == [T0, T0 + sec(15 * 60)]
+
+
+def test_new_crontab_with_no_fire_time_since_start_at_waits_for_the_next() -> None:
+    """No fire time between a past start_at and now: the first is the next one, none at once."""
+    s = spec(crontab(minute="*/15"), start_at=T0 + sec(60))
+    assert first_state(s, T0 + sec(120), RNG).grid_at == T0 + sec(15 * 60)
+
+
+def test_changed_crontab_with_past_start_at_does_not_reach_back() -> None:
+    """A changed calendar schedule restarts at its next fire time, whatever start_at says."""
+    s = spec(crontab(minute="*/15"), start_at=T0 - sec(3600))
+    state = on_config_change(
+        s,
+        ScheduleState(grid_at=T0, next_due_at=T0),
+        config_changed=True,
+        old_schedule="<crontab: */5 * * * * (m/h/dM/MY/d)>",
+        old_mode=s.policy.mode,
+        now=T0 + sec(60),
+        rng=RNG,
+    )
+    assert state.grid_at == T0 + sec(15 * 60)
 
 
 def test_fixed_delay_waits_for_start_at() -> None:
