@@ -320,8 +320,7 @@ def parse_policy(
     ``schedule_kind`` is ``"interval"`` for numbers and timedeltas, anything else
     (``"crontab"``, ``"solar"``) for calendar schedules, which cannot be fixed-delay.
     """
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
         return None, [(entry, "policy", f"must be a dict, got {type(raw).__name__}")]
     merged: dict[str, Any] = dict(default or {})

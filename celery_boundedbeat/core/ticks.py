@@ -420,6 +420,11 @@ def on_resume(
     )
 
 
+def stopped_as(state: ScheduleState, reason: StopReason) -> ScheduleState:
+    """A schedule recreated in the stopped or ended state it was exported in: nothing more due."""
+    return replace(state, stopped=True, stop_reason=reason, grid_at=None, next_due_at=None, pending=())
+
+
 def resume_refusal(state: ScheduleState) -> str | None:
     """Why ``resume`` must refuse: an ended schedule comes back only with a new end (update)."""
     if state.ended:
