@@ -181,8 +181,13 @@ def _options(task: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("queue", "exchange", "routing_key", "priority"):
         if task.get(key) is not None:
             options[key] = task[key]
-    if task.get("expire_seconds") is not None:
+    # A message expiry as django-celery-beat sets it: ``expire_seconds``, else ``expires``
+    # (ISO 8601 text, which Celery reads as it reads a datetime).
+    expires = as_utc(task.get("expires"))
+    if task.get("expire_seconds"):
         options["expires"] = task["expire_seconds"]
+    elif expires is not None:
+        options["expires"] = expires.isoformat()
     headers = _json(task, "headers", "{}", dict)
     headers["periodic_task_name"] = str(task["name"])
     options["headers"] = headers

@@ -82,6 +82,7 @@ def test_one_off_expires_and_disabled() -> None:
     """one_off is max_runs 1, expires is end_at, enabled=False is paused, a one-off that ran is paused."""
     out = mapped({"one_off": True, "expires": T0, "enabled": False}, interval={"every": 1, "period": "hours"})
     assert (out.policy["max_runs"], out.policy["end_at"], out.paused) == (1, T0, True)
+    assert out.options["expires"] == T0.isoformat()  # the message expiry django-celery-beat sets
     assert "start_at" not in out.policy
     ran = mapped({"one_off": True, "total_run_count": 1}, interval={"every": 1, "period": "hours"})
     assert ran.paused

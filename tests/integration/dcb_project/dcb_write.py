@@ -1,8 +1,9 @@
 """Create django-celery-beat's tables and schedules through its own models.
 
 ``python dcb_write.py SPEC_JSON``: SPEC_JSON is a list of tasks, each ``{"name", "task",
-"kind": interval|crontab|solar|clocked, ...}``; times are ISO 8601 text. Prints nothing on
-success. Run with ``DJANGO_SETTINGS_MODULE=dcb_settings``.
+"kind": interval|crontab|solar|clocked, ...}``; times are ISO 8601 text. Prints, as JSON by
+name, the args, kwargs and options django-celery-beat's own ``ModelEntry`` would send each
+task with. Run with ``DJANGO_SETTINGS_MODULE=dcb_settings``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django_celery_beat import models  # noqa: E402
+from django_celery_beat.schedulers import ModelEntry  # noqa: E402
 
 
 def _time(value: str | None) -> datetime | None:
@@ -73,5 +75,19 @@ def main(specs: list[dict[str, Any]]) -> None:
             )
 
 
+def sent() -> dict[str, Any]:
+    """What django-celery-beat's scheduler would send each task with."""
+    out = {}
+    for task in models.PeriodicTask.objects.all():
+        try:
+            entry = ModelEntry(task)
+        except Exception as exc:  # a row its beat cannot read either
+            out[task.name] = {"error": repr(exc)}
+            continue
+        out[task.name] = {"args": entry.args, "kwargs": entry.kwargs, "options": entry.options}
+    return out
+
+
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    print(json.dumps(sent(), default=str))
