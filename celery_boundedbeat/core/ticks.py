@@ -452,8 +452,9 @@ def on_config_change(
     Counters, queued triggers, pending runs and pause/stop survive; pending runs beyond the
     new policy's bound become skips (:func:`_within_pending_bound`), and waiting runs that
     now find a free slot are due at once. Only a new timing (another schedule or mode)
-    restarts the grid from ``now``, as a new entry would (:func:`_restarted`), and so does a
-    calendar grid moved to another zone (``old_timezone``, when known); a fixed-delay
+    restarts the grid from ``now``, as a new entry would (:func:`_restarted`), and so do a
+    calendar grid moved to another zone (``old_timezone``, when known) and a ``start_at``
+    after the next due time (the grid moves to it); a fixed-delay
     run still active keeps the due time its settle will set. An unchanged entry whose
     fixed-delay run was settled while no period was known gets the due time it never received.
     """
@@ -463,7 +464,8 @@ def on_config_change(
         if revived:
             state = replace(state, stop_reason=None, stopped=False)
         moved = old_timezone is not None and old_timezone != spec.timezone
-        if revived or moved or old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
+        retimed = old_schedule != spec.schedule_repr or old_mode != spec.policy.mode
+        if revived or moved or retimed or _before_start(spec.policy, state):
             state = _restarted(spec, state, now, rng, last_run_at)
         if state.waiting_runs and state.active_runs < spec.policy.limit and not state.stopped:
             state = replace(state, next_due_at=min(state.next_due_at or now, now))
@@ -481,6 +483,12 @@ def first_state(
     A past ``start_at`` reaches back: the interval grid time in progress is due at once.
     """
     return _restarted(spec, ScheduleState(), now, rng, last_run_at, reach_back=True)
+
+
+def _before_start(policy: Policy, state: ScheduleState) -> bool:
+    """Whether a (new or later) ``start_at`` comes after the next due time: the grid moves to it."""
+    upcoming = state.grid_at or state.next_due_at
+    return policy.start_at is not None and upcoming is not None and upcoming < policy.start_at
 
 
 def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:

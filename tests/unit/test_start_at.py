@@ -172,3 +172,23 @@ def test_resumed_calendar_anchors_no_earlier_than_start_at() -> None:
     )
     out = on_due(s.policy, s.timing, resumed, T0, RNG)
     assert out.emit == () and out.state.grid_at == T0 + sec(45 * 60)
+
+
+def test_a_start_at_added_later_moves_the_next_tick_to_it() -> None:
+    """A changed policy whose start_at is after the next due time moves the grid there: nothing before it."""
+    s = spec(60.0, start_at=T0 + sec(3600))
+    running = ScheduleState(grid_at=T0 + sec(30), next_due_at=T0 + sec(30), runs=4)
+    state = on_config_change(
+        s, running, config_changed=True, old_schedule=s.schedule_repr, old_mode=s.policy.mode, now=T0, rng=RNG
+    )
+    assert (state.grid_at, state.runs) == (T0 + sec(3600), 4)
+
+
+def test_a_past_start_at_added_later_leaves_the_grid_alone() -> None:
+    """A start_at already passed changes nothing for a running schedule: its grid goes on."""
+    s = spec(60.0, start_at=T0 - sec(3600))
+    running = ScheduleState(grid_at=T0 + sec(30), next_due_at=T0 + sec(30))
+    state = on_config_change(
+        s, running, config_changed=True, old_schedule=s.schedule_repr, old_mode=s.policy.mode, now=T0, rng=RNG
+    )
+    assert state.grid_at == T0 + sec(30)
