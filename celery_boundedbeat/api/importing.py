@@ -23,7 +23,7 @@ from celery import Celery
 from ..config.definitions import define
 from ..config.settings import Settings
 from ..core.enums import StopReason
-from ..core.exceptions import ConfigurationError, ScheduleEndedError
+from ..core.exceptions import BoundedBeatError, ConfigurationError, UnknownScheduleError
 from ..core.policy import Policy
 from ..core.spec import Definition
 from ..db.engine import get_engine
@@ -278,7 +278,7 @@ def apply_import(app: Celery, plan: Plan, *, with_state: bool = False) -> Plan:
     for line in plan.lines:
         try:
             done.append(_apply_line(store, line, rng, with_state=with_state))
-        except (ConfigurationError, ScheduleEndedError) as exc:
+        except BoundedBeatError as exc:  # the row changed since the plan: ended, removed, ...
             reason = str(exc).splitlines()[-1].strip(" -")
             done.append(replace(line, action=Action.REFUSED, reason=reason))
     return Plan(tuple(done))
@@ -295,7 +295,10 @@ def _apply_line(store: Store, line: Line, rng: random.Random, *, with_state: boo
     if line.action is Action.ADD:
         added = store.add_schedule(d, now, rng, paused=item.paused, stop_reason=stop)
         return replace(line, done=True) if added else replace(line, action=Action.ALREADY_PRESENT)
-    (row,) = store.schedules([line.name])
+    found = store.schedules([line.name])
+    if not found:
+        raise UnknownScheduleError(line.name)
+    (row,) = found
     if row.config_hash != d.digest or row.timing != d.timing:
         store.update_schedule(line.name, lambda _row: d, now, rng)
     if with_state and stop is not None and row.stop_reason != stop.value:

@@ -132,3 +132,20 @@ def _rng() -> Any:
     import random
 
     return random.Random(0)
+
+
+def test_an_ended_schedule_is_not_revived_by_a_file_that_says_running(app: Celery, tmp_path: Path) -> None:
+    """Ended (max_runs) here, running in the file: refused with resume's reason, exit 78, still ended."""
+    from celery_boundedbeat.core.enums import StopReason
+
+    add_schedule(app, "once", "proj.once", 30, policy={"max_runs": 1})
+    path = exported(app, tmp_path)
+    store = Store(_engine(app))
+    store.set_stopped("once", StopReason.MAX_RUNS, utcnow())
+    dry = run(app, "import", str(path))
+    assert dry.exit_code == 0 and "update" in dry.output
+    result = run(app, "import", str(path), "--apply")
+    assert result.exit_code == EX_CONFIG, result.output
+    assert "refused: cannot resume 'once': the schedule has ended (max_runs)" in result.output
+    (row,) = store.schedules(["once"])
+    assert (row.stopped, row.stop_reason) == (True, "max_runs")
