@@ -301,10 +301,12 @@ def _apply_line(store: Store, line: Line, rng: random.Random, *, with_state: boo
     (row,) = found
     if row.config_hash != d.digest or row.timing != d.timing:
         store.update_schedule(line.name, lambda _row: d, now, rng)
+    paused = bool(row.paused)
     if with_state and stop is not None and row.stop_reason != stop.value:
         store.set_stopped(line.name, stop, now)
     elif with_state and stop is None and row.stopped:
         store.set_paused(line.name, False, now)  # lifts a stop (an ended schedule refuses)
-    if bool(row.paused) != item.paused:
+        paused = False
+    if paused != item.paused:
         store.set_paused(line.name, item.paused, now)
     return replace(line, done=True)

@@ -149,3 +149,20 @@ def test_an_ended_schedule_is_not_revived_by_a_file_that_says_running(app: Celer
     assert "refused: cannot resume 'once': the schedule has ended (max_runs)" in result.output
     (row,) = store.schedules(["once"])
     assert (row.stopped, row.stop_reason) == (True, "max_runs")
+
+
+def test_a_stopped_and_paused_schedule_comes_back_paused_when_the_file_says_so(
+    app: Celery, tmp_path: Path
+) -> None:
+    """Paused in the file, paused and stopped here: the stop is lifted and the pause kept."""
+    from celery_boundedbeat.core.enums import StopReason
+
+    add_schedule(app, "held", "proj.held", 30)
+    store = Store(_engine(app))
+    store.set_paused("held", True, utcnow())
+    path = exported(app, tmp_path)
+    store.set_stopped("held", StopReason.STOP_SCHEDULE, utcnow())
+    result = run(app, "import", str(path), "--apply")
+    assert result.exit_code == 0, result.output
+    (row,) = store.schedules(["held"])
+    assert (row.paused, row.stopped, row.stop_reason) == (True, False, None)
