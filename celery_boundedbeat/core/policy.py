@@ -101,10 +101,9 @@ class Policy:
             "pause_on_failure": self.pause_on_failure,
         }
         for key in OPTIONAL_KEYS:
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
-        if self.start_at is not None:
-            data["start_at"] = self.start_at.isoformat()
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value.isoformat() if isinstance(value, datetime) else value
         return data
 
     @classmethod
