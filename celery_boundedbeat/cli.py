@@ -588,3 +588,9 @@ def check(ctx: click.Context, count: int) -> None:
         rows.append([name, d.spec.task, d.spec.policy.mode.value, shown, due])
     click.echo(table(["NAME", "TASK", "MODE", "SCHEDULE", "NEXT DUE (UTC, if first seen now)"], rows))
     click.echo(f"\n{len(rows)} schedule(s) valid")
+
+
+from .cli_import import export_cmd, import_cmd  # noqa: E402 (the group above is theirs)
+
+boundedbeat.add_command(import_cmd)
+boundedbeat.add_command(export_cmd)

@@ -25,6 +25,7 @@ from .ticks import (
     ended_if_over,
     jitter_delay,
     ms,
+    opening,
 )
 from .timing import Timing
 
@@ -186,8 +187,8 @@ def _due_fixed_delay(due: _Due) -> None:
 
 def _anchor_grid(due: _Due, timing: Timing, rng: random.Random) -> None:
     """No grid (a resumed calendar schedule): ticks passed while paused are not missed;
-    anchor on the first tick from now."""
-    due.grid_at = timing.first_at_or_after(due.now)
+    anchor on the first tick from now (and not before ``start_at``)."""
+    due.grid_at = opening(due.policy, timing, due.now)
     due.next_due = due.grid_at + jitter_delay(due.policy, timing.gap(due.grid_at), rng)
 
 

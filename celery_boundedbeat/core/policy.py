@@ -32,6 +32,7 @@ POLICY_KEYS = frozenset(
         "keep_runs",
         "keep_for",
         "timezone",
+        "start_at",
     }
 )
 #: Retention keys, stored only when set: a schedule without them keeps the digest it had
@@ -39,7 +40,7 @@ POLICY_KEYS = frozenset(
 RETENTION_KEYS = ("keep_runs", "keep_for")
 #: Keys added after schedules were first stored, written only when set for the same reason as
 #: the retention keys.
-OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone", "catchup_window")
+OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone", "catchup_window", "start_at")
 
 Problem = tuple[str, str, str]
 
@@ -73,6 +74,9 @@ class Policy:
     keep_for: float | None = None
     #: The IANA zone a crontab keeps wall-clock time in; ``None``: the app's ``timezone``.
     timezone: str | None = None
+    #: No grid run scheduled before this instant is emitted (aware UTC): an interval grid
+    #: starts at it, a calendar skips its fire times before it.
+    start_at: datetime | None = None
 
     @property
     def limit(self) -> int:
@@ -97,8 +101,9 @@ class Policy:
             "pause_on_failure": self.pause_on_failure,
         }
         for key in OPTIONAL_KEYS:
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value.isoformat() if isinstance(value, datetime) else value
         return data
 
     @classmethod
@@ -119,6 +124,7 @@ class Policy:
             keep_runs=data.get("keep_runs"),
             keep_for=data.get("keep_for"),
             timezone=data.get("timezone"),
+            start_at=None if data.get("start_at") is None else datetime.fromisoformat(data["start_at"]),
         )
 
     @property
@@ -293,6 +299,14 @@ def _check_window(read: _Reader, window: float | None, jitter: float | None) -> 
         )
 
 
+def _check_span(read: _Reader, start_at: datetime | None, end_at: datetime | None) -> None:
+    """A schedule that ends before it starts would never run: surely a typo."""
+    if start_at is not None and end_at is not None and end_at < start_at:
+        read.problem(
+            "policy.end_at", f"must not be before start_at ({start_at.isoformat()}), got {end_at.isoformat()}"
+        )
+
+
 def parse_policy(
     entry: str,
     raw: Any,
@@ -305,8 +319,7 @@ def parse_policy(
     ``schedule_kind`` is ``"interval"`` for numbers and timedeltas, anything else
     (``"crontab"``, ``"solar"``) for calendar schedules, which cannot be fixed-delay.
     """
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
         return None, [(entry, "policy", f"must be a dict, got {type(raw).__name__}")]
     merged: dict[str, Any] = dict(default or {})
@@ -322,6 +335,7 @@ def parse_policy(
     max_run_time = read.duration("max_run_time", allow_zero=False)
     jitter = read.duration("jitter", allow_zero=True)
     end_at = read.instant("end_at")
+    start_at = read.instant("start_at")
     max_runs = read.positive_int("max_runs")
     catchup_window = read.duration("catchup_window", allow_zero=False)
     pause_on_failure = read.positive_int("pause_on_failure")
@@ -332,6 +346,7 @@ def parse_policy(
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
     _check_window(read, catchup_window, jitter)
+    _check_span(read, start_at, end_at)
     if read.problems or mode is None or missed is None:
         return None, read.problems
     policy = Policy(
@@ -349,5 +364,6 @@ def parse_policy(
         keep_runs=keep_runs,
         keep_for=keep_for,
         timezone=timezone,
+        start_at=start_at,
     )
     return policy, []

@@ -17,7 +17,7 @@ from .enums import MissedTicks, Mode, RunState, StopReason
 from .loops import effective_jitter_cap
 from .policy import Policy
 from .spec import EntrySpec
-from .timing import Timing
+from .timing import MAX_COUNTED_CALENDAR_TICKS, IntervalTiming, Timing
 
 MAX_QUEUED_TRIGGERS = 10
 """Triggered runs one schedule keeps waiting for a slot; a trigger past this is refused.
@@ -174,12 +174,47 @@ def jitter_delay(policy: Policy, gap_s: float, rng: random.Random) -> timedelta:
     return timedelta(seconds=rng.uniform(0.0, cap))
 
 
-def initial_state(policy: Policy, timing: Timing, now: datetime, rng: random.Random) -> ScheduleState:
-    """State of a schedule seen for the first time: first run due after ``initial_delay``."""
+def opening(policy: Policy, timing: Timing, t: datetime, *, reach_back: bool = False) -> datetime:
+    """The first grid time of a schedule starting at ``t``, never one before ``start_at``.
+
+    A future ``start_at`` is where the grid starts (an interval's first tick is ``start_at``;
+    a calendar's first fire time at or after it). A past one keeps an interval on its phase
+    (``start_at + k * period``) from ``t`` on. With ``reach_back`` (a schedule just added) the
+    grid time in progress, the latest at or before ``t`` and not before ``start_at``, is where
+    it starts instead: due at once, as a tick found late.
+    """
+    start = policy.start_at
+    if start is None or start >= t:
+        return timing.first_at_or_after(t if start is None else start)
+    if not isinstance(timing, IntervalTiming):
+        latest = _latest_fire(timing, start, t) if reach_back else None
+        return timing.first_at_or_after(t) if latest is None else latest
+    step = timedelta(seconds=timing.period)
+    latest = start + step * ((t - start) // step)
+    return latest if reach_back or latest == t else latest + step
+
+
+def _latest_fire(timing: Timing, start: datetime, t: datetime) -> datetime | None:
+    """A calendar's latest fire time in ``[start, t]``; ``None`` if none, or too many to walk."""
+    first = timing.first_at_or_after(start)
+    count, tick_at, _ = timing.passed(first, t)
+    if count == 0 or count >= MAX_COUNTED_CALENDAR_TICKS:
+        return None
+    return tick_at(count - 1)
+
+
+def initial_state(
+    policy: Policy, timing: Timing, now: datetime, rng: random.Random, *, reach_back: bool = False
+) -> ScheduleState:
+    """State of a schedule seen for the first time: first run due after ``initial_delay``.
+
+    Never before ``start_at`` (:func:`opening`; ``reach_back`` for a schedule just added).
+    """
     first = now + timedelta(seconds=policy.initial_delay)
     if policy.mode is Mode.FIXED_DELAY:
-        return ScheduleState(next_due_at=first)
-    grid = timing.first_at_or_after(first)
+        start = policy.start_at
+        return ScheduleState(next_due_at=first if start is None else max(first, start))
+    grid = opening(policy, timing, first, reach_back=reach_back)
     return ScheduleState(grid_at=grid, next_due_at=grid + jitter_delay(policy, timing.gap(grid), rng))
 
 
@@ -361,7 +396,7 @@ def on_resume(
     grid_at, next_due = state.grid_at, state.next_due_at
     if policy.mode is Mode.FIXED_DELAY:
         if state.active_runs == 0:
-            next_due = now
+            next_due = now if policy.start_at is None else max(now, policy.start_at)
     elif replay and grid_at is not None and grid_at < now:
         next_due = now
     elif grid_at is not None and grid_at < now and period:
@@ -383,6 +418,11 @@ def on_resume(
         consecutive_failures=0,
         pause_reason=None,
     )
+
+
+def stopped_as(state: ScheduleState, reason: StopReason) -> ScheduleState:
+    """A schedule recreated in the stopped or ended state it was exported in: nothing more due."""
+    return replace(state, stopped=True, stop_reason=reason, grid_at=None, next_due_at=None, pending=())
 
 
 def resume_refusal(state: ScheduleState) -> str | None:
@@ -412,8 +452,9 @@ def on_config_change(
     Counters, queued triggers, pending runs and pause/stop survive; pending runs beyond the
     new policy's bound become skips (:func:`_within_pending_bound`), and waiting runs that
     now find a free slot are due at once. Only a new timing (another schedule or mode)
-    restarts the grid from ``now``, as a new entry would (:func:`_restarted`), and so does a
-    calendar grid moved to another zone (``old_timezone``, when known); a fixed-delay
+    restarts the grid from ``now``, as a new entry would (:func:`_restarted`), and so do a
+    calendar grid moved to another zone (``old_timezone``, when known) and a ``start_at``
+    after the next due time (the grid moves to it); a fixed-delay
     run still active keeps the due time its settle will set. An unchanged entry whose
     fixed-delay run was settled while no period was known gets the due time it never received.
     """
@@ -423,7 +464,8 @@ def on_config_change(
         if revived:
             state = replace(state, stop_reason=None, stopped=False)
         moved = old_timezone is not None and old_timezone != spec.timezone
-        if revived or moved or old_schedule != spec.schedule_repr or old_mode != spec.policy.mode:
+        retimed = old_schedule != spec.schedule_repr or old_mode != spec.policy.mode
+        if revived or moved or retimed or _before_start(spec.policy, state):
             state = _restarted(spec, state, now, rng, last_run_at)
         if state.waiting_runs and state.active_runs < spec.policy.limit and not state.stopped:
             state = replace(state, next_due_at=min(state.next_due_at or now, now))
@@ -436,8 +478,17 @@ def on_config_change(
 def first_state(
     spec: EntrySpec, now: datetime, rng: random.Random, last_run_at: datetime | None = None
 ) -> ScheduleState:
-    """A new schedule's state; its first tick after ``last_run_at`` (a name used before)."""
-    return _restarted(spec, ScheduleState(), now, rng, last_run_at)
+    """A new schedule's state; its first tick after ``last_run_at`` (a name used before).
+
+    A past ``start_at`` reaches back: the interval grid time in progress is due at once.
+    """
+    return _restarted(spec, ScheduleState(), now, rng, last_run_at, reach_back=True)
+
+
+def _before_start(policy: Policy, state: ScheduleState) -> bool:
+    """Whether a (new or later) ``start_at`` comes after the next due time: the grid moves to it."""
+    upcoming = state.grid_at or state.next_due_at
+    return policy.start_at is not None and upcoming is not None and upcoming < policy.start_at
 
 
 def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:
@@ -448,7 +499,13 @@ def _allows_more(policy: Policy, state: ScheduleState, now: datetime) -> bool:
 
 
 def _restarted(
-    spec: EntrySpec, state: ScheduleState, now: datetime, rng: random.Random, last_run_at: datetime | None
+    spec: EntrySpec,
+    state: ScheduleState,
+    now: datetime,
+    rng: random.Random,
+    last_run_at: datetime | None,
+    *,
+    reach_back: bool = False,
 ) -> ScheduleState:
     """A new grid (or fixed-delay due time) from ``now``, after ``last_run_at`` when given.
 
@@ -456,7 +513,7 @@ def _restarted(
     change comes in the very microsecond of a run: the new grid's first tick would repeat
     that run's time and break the unique run key.
     """
-    fresh = initial_state(spec.policy, spec.timing, now, rng)
+    fresh = initial_state(spec.policy, spec.timing, now, rng, reach_back=reach_back)
     first = fresh.grid_at or fresh.next_due_at
     if last_run_at is not None and first is not None and first <= last_run_at:
         # Start as if the change came 1 µs after that run, ``initial_delay`` included.

@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 from ..core.alerts import Alert
 from ..core.backfill import Backfilled, BackfillRefused, on_backfill, without_taken
 from ..core.due import on_due
-from ..core.enums import MissedTicks, RunState
+from ..core.enums import MissedTicks, RunState, StopReason
 from ..core.exceptions import ScheduleEndedError, UnknownScheduleError
 from ..core.messages import clip_error, message_options
 from ..core.policy import Policy
@@ -61,6 +61,7 @@ from ..core.ticks import (
     on_trigger,
     resume_refusal,
     set_aside_until,
+    stopped_as,
 )
 from .alertlog import take
 from .bulk import insert_document, insert_many
@@ -362,20 +363,47 @@ class Store(RunLife):
         with self.session() as s:
             return reconcile_config(s, wanted, now, rng)
 
-    def add_schedule(self, definition: Definition, now: datetime, rng: random.Random) -> bool:
+    def add_schedule(
+        self,
+        definition: Definition,
+        now: datetime,
+        rng: random.Random,
+        *,
+        paused: bool = False,
+        stop_reason: StopReason | None = None,
+    ) -> bool:
         """Add a runtime schedule; False (nothing changed) when the name exists already.
 
         On PostgreSQL a new name without runs is one statement (:func:`~.catalog.add_runtime_pg`).
+        ``paused`` and ``stop_reason`` (an import) add it paused or stopped in the same
+        transaction: a running beat never sees it running.
         """
-        if self.is_postgres:
+        if self.is_postgres and not paused and stop_reason is None:
             with self._driver(one_statement=True) as driver:
                 if add_runtime_pg(driver, definition, now, rng, SCHEDULES_CHANNEL):
                     return True
         with self.session() as s:
             added = insert_runtime(s, definition, now, rng, self.engine.dialect.name)
+            if added and (paused or stop_reason is not None):
+                row = s.get(ScheduleRow, definition.name, with_for_update=True)
+                assert row is not None
+                row.paused = paused
+                if stop_reason is not None:
+                    write_state(row, stopped_as(state_of(row), stop_reason))
             if added:
                 self._notify(s, SCHEDULES_CHANNEL, definition.name)
             return added
+
+    def set_stopped(self, name: str, reason: StopReason, now: datetime) -> bool:
+        """Stop a schedule as an imported file says (ended or ``stop_schedule``); False if unknown."""
+        with self.session() as s:
+            row = s.get(ScheduleRow, name, with_for_update=True)
+            if row is None:
+                return False
+            write_state(row, stopped_as(state_of(row), reason))
+            row.updated_at = now
+            self._notify(s, SCHEDULES_CHANNEL, name)
+            return True
 
     def update_schedule(
         self, name: str, revise: Callable[[ScheduleRow], Definition], now: datetime, rng: random.Random

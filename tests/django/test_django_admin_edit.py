@@ -190,7 +190,7 @@ def test_a_crontab_added_with_a_time_zone_keeps_it_and_a_change_moves_it(
 
 def test_editing_changes_only_the_changed_fields_and_keeps_counters(store: Store, client_as: Any) -> None:
     """A change goes through update_schedule with just what changed; counters and the rest stay."""
-    add_runtime(jitter=1.5, end_at="2030-01-01T08:30:00+00:00")
+    add_runtime(jitter=1.5, start_at="2029-06-01T07:15:00+00:00", end_at="2030-01-01T08:30:00+00:00")
     with store.session() as s:
         s.execute(
             update(ScheduleRow).where(ScheduleRow.name == "feed-7").values(runs=5, failures=1, grid_runs=6)

@@ -56,6 +56,7 @@ POLICY_FIELDS = (
     "initial_delay",
     "max_run_time",
     "jitter",
+    "start_at",
     "end_at",
     "max_runs",
     "catchup_window",
@@ -106,7 +107,7 @@ def row_initial(row: Schedule) -> dict[str, Any]:
         value = policy.get(key)
         if key in SECONDS_FIELDS:
             value = _number(value)
-        elif key == "end_at" and value is not None:
+        elif key in ("start_at", "end_at") and value is not None:
             value = datetime.fromisoformat(value)
         initial[key] = value
     return initial
@@ -186,6 +187,9 @@ class ScheduleForm(forms.ModelForm):
     initial_delay = _seconds("Initial delay (seconds)", "Wait before the first run.")
     max_run_time = _seconds("Max run time (seconds)", "A run still active after this is timed_out.")
     jitter = _seconds("Jitter (seconds)", "Each run is delayed by up to this much at random.")
+    start_at = forms.SplitDateTimeField(
+        required=False, widget=widgets.AdminSplitDateTime, help_text="No grid run before this time."
+    )
     end_at = forms.SplitDateTimeField(
         required=False, widget=widgets.AdminSplitDateTime, help_text="No grid run after this time."
     )
