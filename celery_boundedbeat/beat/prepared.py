@@ -38,7 +38,8 @@ from ..db.bulk import insert_many
 from ..db.claims import Claimed
 from ..db.locked import TICK_LEAVES_OUT, hold_pg, prefetch_definitions, write_changed
 from ..db.row_state import state_of
-from ..db.store import Store, TickResult, record_outcome
+from ..db.store import Store
+from ..db.tick import TickResult, record_outcome
 from ..db.tables import QueueRow, RunRow
 
 #: A due row's schedule (an ORM row or a :class:`~.held.Held` one).

@@ -155,12 +155,12 @@ def write_reports(
     rng = rng or random.Random()
     with store.session() as s:
         if beat is not None:
-            store.heartbeat_in(s, beat.process, beat.hostname, beat.pid, beat.at)
+            store.run_life.heartbeat_in(s, beat.process, beat.hostname, beat.pid, beat.at)
         if store.is_postgres:
             return _write_pg(store, s, starts, outcomes, rng)
         # SQLite holds the write lock for the whole transaction: report by report is correct.
         for start in starts:
-            store.start_in(
+            store.run_life.start_in(
                 s,
                 start.run_id,
                 worker=start.worker,
@@ -169,7 +169,9 @@ def write_reports(
                 max_run_time=start.limit,
             )
         return [
-            store.settle_in(s, o.run_id, o.state, now=o.at, error=o.error, stop=o.stop, rng=rng, late=True)
+            store.run_life.settle_in(
+                s, o.run_id, o.state, now=o.at, error=o.error, stop=o.stop, rng=rng, late=True
+            )
             for o in outcomes
         ]
 
@@ -234,12 +236,14 @@ def _write_pg(
     for o in repeats:  # a second report of a run this batch settled: as it would be after it
         first, _ = finished[o.run_id]
         if first.state.value in _DECIDED_WITHOUT_THE_TASK and first.state != o.state:
-            store.note_late_outcome(s, o.run_id, first.state.value, first.error, o.state, o.at, o.error)
+            store.run_life.note_late_outcome(
+                s, o.run_id, first.state.value, first.error, o.state, o.at, o.error
+            )
     done = {r.run_id for r in starts} | set(finished)
     with pipeline(conn), driver_cursor(s) as cur:
         if held is not None and finished:
             write_changed(s, held)
-            store._notify(s, SETTLED_CHANNEL, min(held.rows, default=""))
+            store.db.notify(s, SETTLED_CHANNEL, min(held.rows, default=""))
         if done:  # a started or settled run has no queue row left (a worker may beat the mark)
             cur.execute(_PG_UNQUEUE, {"ids": sorted(done)})
     return settled
@@ -273,7 +277,7 @@ def _decide(
             continue
         if run.state not in _ACTIVE:
             if run.state in _DECIDED_WITHOUT_THE_TASK and run.state != o.state.value:
-                store.note_late_outcome(s, o.run_id, run.state, run.error, o.state, o.at, o.error)
+                store.run_life.note_late_outcome(s, o.run_id, run.state, run.error, o.state, o.at, o.error)
             settled.append(None)
             continue
         at = not_before(o.at, run.enqueued_at, run.started_at)
@@ -310,13 +314,13 @@ def _count_on_schedules(
     rng: random.Random,
 ) -> None:
     """Free each settled run's slot on its schedule (held, locked), in report order: only on
-    the incarnation that emitted it (:func:`~.runlife.settles_onto`)."""
+    the incarnation that emitted it (:func:`~celery_boundedbeat.db.runs.settles_onto`)."""
     for x in settled:
         row = rows.get(x.schedule)
         if row is None or not settles_onto(row, runs[x.run_id].incarnation):
             continue
         report, elapsed = finished[x.run_id]
-        store.count_settled(
+        store.run_life.count_settled(
             s,
             row,
             x.state,
