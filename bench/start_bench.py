@@ -1,7 +1,7 @@
 """What recording a run's start before its body runs costs per run.
 
 A worker records each run's start in ``task_prerun``, atomically and before the task's body
-runs (``Store.begin_run``): that is what lets a second delivery of the same message find the
+runs (``RunLife.begin_run``): that is what lets a second delivery of the same message find the
 start and skip the body. The alternative it replaced wrote starts behind the task, many per
 transaction (``write_reports``). This measures both on the local PostgreSQL, one thread, runs
 of one schedule queued as a tick writes them:

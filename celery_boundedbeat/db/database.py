@@ -16,7 +16,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from .locked import driver_cursor
+from .driver import Driver, Sql
+
+#: A notification (PostgreSQL).
+_NOTIFY = Sql("SELECT pg_notify(%(c)s, %(p)s)")
 
 
 def utcnow() -> datetime:
@@ -60,5 +63,5 @@ class Database:
     def notify(self, session: Session, channel: str, payload: str = "") -> None:
         """``NOTIFY channel, payload`` in the session's transaction (PostgreSQL; elsewhere nothing)."""
         if self.is_postgres:
-            with driver_cursor(session) as cur:  # the ORM's statement path cost more than the call
-                cur.execute("SELECT pg_notify(%(c)s, %(p)s)", {"c": channel, "p": payload})
+            # the ORM's statement path cost more than the call
+            Driver.of(session).execute(_NOTIFY, {"c": channel, "p": payload})

@@ -12,11 +12,10 @@ import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Table, delete, select, update
 from sqlalchemy.orm import Session
 
 from ..core.backfill import without_taken
@@ -25,23 +24,11 @@ from ..core.messages import clip_error, message_options
 from ..core.policy import Policy
 from ..core.spec import EntrySpec
 from ..core.ticks import Emission, ScheduleState, TickOutcome, on_due, set_aside_until
-from .bulk import insert_document, insert_many
+from .bulk import insert_document
 from .database import Database
+from .driver import Driver, Sql
 from .faults import is_outage
-from .locked import (
-    SCHEDULES,
-    TICK_LEAVES_OUT,
-    HeldRows,
-    driver_connection,
-    driver_cursor,
-    hold,
-    hold_pg,
-    light_select,
-    pipeline,
-    prefetch_definitions,
-    write_changed,
-    write_changed_driver,
-)
+from .locked import SCHEDULES, TICK_LEAVES_OUT, HeldRows, hold, prefetch_definitions, write_changed
 from .row_state import apply_state, state_of
 from .runs import _ACTIVE, elapsed_ms, not_before, runs_of
 from .tables import QueueRow, RunRow, ScheduleRow
@@ -164,28 +151,19 @@ def record_outcome(
         result.emitted.append(emitted)
 
 
-#: :func:`_due` and :meth:`Store._next_due` as PostgreSQL text (for psycopg directly).
-_PG_DUE = (
-    "next_due_at <= %(now)s AND paused IS false AND stopped IS false "
-    "ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
-)
-_PG_NEXT_DUE = f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE paused IS false AND stopped IS false"
-_PG_NOTIFY_NEXT_DUE = f"SELECT ({_PG_NEXT_DUE}), pg_notify(%(c)s, '')"
-
-
-def _due(now: datetime, limit: int) -> Any:
-    """The tick's query: the due schedules, earliest first, skipping rows another transaction holds."""
-    return (
-        light_select(leave_out=TICK_LEAVES_OUT)
-        .where(
-            SCHEDULES.c.next_due_at <= now,
-            SCHEDULES.c.paused.is_(False),
-            SCHEDULES.c.stopped.is_(False),
-        )
-        .order_by(SCHEDULES.c.next_due_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+#: The due schedules, earliest first.
+_DUE = "next_due_at <= %(now)s AND paused IS false AND stopped IS false ORDER BY next_due_at LIMIT %(limit)s"
+#: The tick's query: the due schedules, skipping rows another transaction holds (SQLite has one
+#: writer, whose transaction holds every row it reads).
+DUE = Sql(_DUE + " FOR UPDATE SKIP LOCKED", sqlite=_DUE)
+_DUE_NAMES = Sql(f"SELECT name FROM {SCHEDULES.name} WHERE {_DUE}")
+_NEXT_DUE = f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE paused IS false AND stopped IS false"
+#: The earliest due time; a tick that queued runs also wakes the dispatchers (PostgreSQL).
+NEXT_DUE = Sql(_NEXT_DUE)
+_NOTIFY_NEXT_DUE = Sql(f"SELECT ({_NEXT_DUE}), pg_notify(%(c)s, '')", sqlite=_NEXT_DUE)
+_DUE_AT = (SCHEDULES.c.next_due_at,)
+RUNS = cast(Table, RunRow.__table__)
+QUEUE = cast(Table, QueueRow.__table__)
 
 
 def _replaceable(s: Session, row: Any, policy: Policy, state: ScheduleState) -> list[Any]:
@@ -284,18 +262,7 @@ def _tick_one_by_one(
     other schedule is ticked as usual.
     """
     with db.session() as s:
-        names = list(
-            s.scalars(
-                select(ScheduleRow.name)
-                .where(
-                    ScheduleRow.next_due_at <= now,
-                    ScheduleRow.paused.is_(False),
-                    ScheduleRow.stopped.is_(False),
-                )
-                .order_by(ScheduleRow.next_due_at)
-                .limit(limit)
-            )
-        )
+        names = [name for (name,) in Driver.of(s).rows(_DUE_NAMES, {"now": now, "limit": limit})]
     result = TickResult(now=now)
     for name in names:
         try:
@@ -332,79 +299,89 @@ def _tick_batch(
     """One tick transaction over the due rows (``only``: that one schedule, if due)."""
     result = TickResult(now=now)
     with db.session() as s:
-        run_rows: list[dict[str, Any]] = []
-        queue_rows: list[dict[str, Any]] = []
-        if db.is_postgres:
-            where, params = _PG_DUE, {"now": now, "limit": limit}
-            if only is not None:
-                where, params = "name = %(name)s AND " + where, {**params, "name": only}
-            with pipeline(driver_connection(s)):  # BEGIN goes with the query
-                held = hold_pg(s, where, params, leave_out=TICK_LEAVES_OUT)
-        else:
-            query = _due(now, limit)
-            held = hold(s, query if only is None else query.where(SCHEDULES.c.name == only))
+        driver = Driver.of(s)
+        due, params = DUE, {"now": now, "limit": limit}
+        if only is not None:
+            due, params = due.prefixed("name = %(name)s AND "), {**params, "name": only}
+        with driver.pipeline():  # BEGIN goes with the query
+            held = hold(s, due, params, leave_out=TICK_LEAVES_OUT)
         prefetch_definitions(s, held, resolve)
-        for row in held:
-            spec = resolve(row)
-            if spec is None:
+        decided = decide_due(s, held, resolve, now, rng, expires_after, result)
+        result.next_due_at = _write_tick(driver, held, decided)
+    return result
+
+
+@dataclass(kw_only=True, slots=True)
+class Decided:
+    """The rows a tick writes besides its held schedules: its runs and their queue rows."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    queue: list[dict[str, Any]] = field(default_factory=list)
+
+
+def decide_due(
+    s: Session,
+    held: HeldRows,
+    resolve: Callable[[Any], EntrySpec | None],
+    now: datetime,
+    rng: random.Random,
+    expires_after: float | None,
+    result: TickResult,
+    *,
+    keep: Callable[[ScheduleState, TickOutcome], bool] | None = None,
+) -> Decided:
+    """Decide each held due schedule as of ``now`` and record its outcome on its row (written
+    back by the caller); the runs it emits are returned, to be written with the rows.
+
+    ``keep`` (a prepared tick, decided ahead of ``now``: :mod:`~celery_boundedbeat.beat.prepared`)
+    records only the outcomes it keeps, and leaves a schedule it cannot rebuild to the tick at
+    ``now``; no run is revoked for ``replace`` then. Otherwise a schedule that cannot be rebuilt
+    is set aside (:func:`~.ticks.set_aside_until`), reported in ``result.unusable``.
+    """
+    decided = Decided()
+    for row in held:
+        spec = resolve(row)
+        if spec is None:
+            if keep is None:
                 # Its stored definition cannot be rebuilt: out of the due range for a while,
                 # so it neither fills every batch nor keeps the beat looking at once.
                 row.next_due_at = set_aside_until(now)
                 result.unusable.append(row.name)
-                continue
-            state = state_of(row)
-            victims = _replaceable(s, row, spec.policy, state)
-            outcome = on_due(spec.policy, spec.timing, state, now, rng, revocable=len(victims))
-            if outcome.revoke:
-                result.revoked.extend(_revoke_replaced(s, victims[: outcome.revoke], now))
-                row.last_finished_at = now
-            if any(e.backfilled for e in outcome.emit):
-                outcome = _write_backfilled(db, s, spec, row, outcome, now, expires_after, result, queue_rows)
-            record_outcome(row, spec, outcome, now, expires_after, result, run_rows, queue_rows)
-        write = _write_tick_pg if db.is_postgres else _write_tick
-        result.next_due_at = write(db, s, held, run_rows, queue_rows)
-    return result
+            continue
+        state = state_of(row)
+        victims = [] if keep is not None else _replaceable(s, row, spec.policy, state)
+        outcome = on_due(spec.policy, spec.timing, state, now, rng, revocable=len(victims))
+        if keep is not None and not keep(state, outcome):
+            continue  # locked but untouched: decided by the tick at ``now``
+        if outcome.revoke:
+            result.revoked.extend(_revoke_replaced(s, victims[: outcome.revoke], now))
+            row.last_finished_at = now
+        if any(e.backfilled for e in outcome.emit):
+            outcome = _write_backfilled(s, spec, row, outcome, now, expires_after, result, decided.queue)
+        record_outcome(row, spec, outcome, now, expires_after, result, decided.runs, decided.queue)
+    return decided
 
 
-def _write_tick(
-    db: Database, s: Session, held: HeldRows, run_rows: list[dict[str, Any]], queue_rows: list[dict[str, Any]]
-) -> datetime | None:
-    """A tick's writes, then the next due time it leaves (SQLite and the like)."""
-    write_changed(s, held)
-    insert_many(s, cast(Table, RunRow.__table__), run_rows)
-    insert_many(s, cast(Table, QueueRow.__table__), queue_rows)
-    return _next_due(db, s)
-
-
-def _write_tick_pg(
-    db: Database, s: Session, held: HeldRows, run_rows: list[dict[str, Any]], queue_rows: list[dict[str, Any]]
-) -> datetime | None:
+def _write_tick(driver: Driver, held: HeldRows, decided: Decided) -> datetime | None:
     """A tick's writes and its look at the next due time, in one round trip: returns that time.
 
     On a machine busy with other work (a thousand schedule changes a second), each round
     trip of a tick was a wait for a CPU, on both sides, and the tick's nine of them
-    stretched it, and the drift of every run due while it ran, several times over.
+    stretched it, and the drift of every run due while it ran, several times over. (SQLite
+    runs the same statements, locally.)
     """
-    import psycopg  # the PostgreSQL extra's driver
-
-    conn = driver_connection(s)
-    try:
-        with pipeline(conn), conn.cursor() as cur:
-            write_changed_driver(conn, held)
-            insert_document(cur, cast(Table, RunRow.__table__), run_rows)
-            if queue_rows:
-                insert_document(cur, cast(Table, QueueRow.__table__), queue_rows)
-                cur.execute(_PG_NOTIFY_NEXT_DUE, {"c": QUEUE_CHANNEL})
-            else:
-                cur.execute(_PG_NEXT_DUE)
-            found = cur.fetchone()[0]
-    except psycopg.Error as exc:  # as SQLAlchemy's (IntegrityError and so on), as elsewhere
-        raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
-    return None if found is None else found.astimezone(UTC)
+    with driver.pipeline():
+        write_changed(driver, held)
+        insert_document(driver, RUNS, decided.runs)
+        if decided.queue:
+            insert_document(driver, QUEUE, decided.queue)
+            (found,) = driver.one(_NOTIFY_NEXT_DUE, {"c": QUEUE_CHANNEL}, _DUE_AT)[:1]
+        else:
+            (found,) = driver.one(NEXT_DUE, None, _DUE_AT)
+    return cast(datetime | None, found)
 
 
 def _write_backfilled(
-    db: Database,
     s: Session,
     spec: EntrySpec,
     row: Any,
@@ -430,9 +407,7 @@ def _write_backfilled(
         run, queue_row, emitted = emission_rows(
             spec, name, emission, now, expires_after, incarnation=row.incarnation
         )
-        inserted = s.execute(
-            _insert_if_free(db, runs).values(**run).returning(runs.c.id)
-        ).scalar_one_or_none()
+        inserted = s.execute(_insert_if_free(s, runs).values(**run).returning(runs.c.id)).scalar_one_or_none()
         if inserted is None:
             taken.append(emission.scheduled_for)
             continue
@@ -443,29 +418,17 @@ def _write_backfilled(
     return without_taken(outcome, taken, now)
 
 
-def _insert_if_free(db: Database, table: Table) -> Any:
+def _insert_if_free(s: Session, table: Table) -> Any:
     """``INSERT ... ON CONFLICT (schedule, scheduled_for) DO NOTHING`` for this dialect."""
-    if db.is_postgres:
+    if s.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
     else:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
     return dialect_insert(table).on_conflict_do_nothing(index_elements=["schedule", "scheduled_for"])
 
 
-def _next_due(db: Database, s: Session) -> datetime | None:
-    if db.is_postgres:  # once per tick: the ORM's statement cost more than the lookup
-        with driver_cursor(s) as cur:
-            cur.execute(_PG_NEXT_DUE)
-            (found,) = cur.fetchone()
-        return None if found is None else found.astimezone(UTC)
-    return s.scalar(
-        select(func.min(ScheduleRow.next_due_at)).where(
-            ScheduleRow.paused.is_(False), ScheduleRow.stopped.is_(False)
-        )
-    )
-
-
 def next_due_at(db: Database) -> datetime | None:
     """When the earliest schedule is due (an index lookup, not a scan)."""
     with db.session() as s:
-        return _next_due(db, s)
+        (found,) = Driver.of(s).one(NEXT_DUE, None, _DUE_AT)
+    return cast(datetime | None, found)

@@ -192,7 +192,9 @@ def test_batches_written_by_the_writer_process_end_where_the_same_reports_one_by
     one, many = emit_copies(store, "one-", "many-")
     batches = script(seed)
     apply_one_by_one(store, one, batches)
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     try:
         apply_batched(store, many, batches, lambda starts, outcomes: writer.write(starts, outcomes, None))
     finally:
@@ -206,7 +208,9 @@ def test_a_writer_process_that_dies_loses_no_report(store: Store, monkeypatch: p
     """A child found dead is replaced before the next batch; one that dies during a batch fails
     that batch as an outage (the tracker keeps it and sends it again), and the retry lands."""
     (ids,) = emit_copies(store, "dead-")
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     first, second = ids[(0, 0)], ids[(1, 0)]
     try:
         assert writer.write([StartReport(first, "w", "h:1", T0 + sec(1), None)], [], None) == []
@@ -240,7 +244,9 @@ def test_the_writer_process_outlives_ctrl_c_and_sigterm_to_the_process_group(
     """Ctrl-C or a service manager's SIGTERM reach the child too; it must still be there to
     write the warm shutdown's last reports (the same child, not a replacement)."""
     (ids,) = emit_copies(store, "sig-")
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     run = ids[(0, 0)]
     try:
         assert writer.write([StartReport(run, "w", "h:1", T0 + sec(1), None)], [], None) == []
@@ -261,7 +267,9 @@ def test_the_writer_process_outlives_ctrl_c_and_sigterm_to_the_process_group(
 def test_ready_starts_the_writer_process_in_the_background(store: Store) -> None:
     """The tracker asks ``ready()`` before each batch and writes the batch itself while the
     answer is no: the child's imports (about a second) never delay a worker's first reports."""
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     try:
         started = time.monotonic()
         assert writer.ready() is False
@@ -290,7 +298,9 @@ def test_a_writer_process_that_cannot_start_is_not_spawned_for_every_batch(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(reportproc.subprocess, "Popen", popen)
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     assert writer.ready() is False
     assert writer._starting is not None
     writer._starting.join(30)

@@ -18,8 +18,8 @@ from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
-from celery_boundedbeat.db.tick import REPLACED
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.db.tick import REPLACED
 from celery_boundedbeat.ops.metrics import exposition, read_snapshot
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
