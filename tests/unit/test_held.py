@@ -187,3 +187,17 @@ def test_a_tick_reads_no_left_out_column_row_by_row(store: Store, monkeypatch: p
 def store_row(store: Store, name: str) -> Any:
     with store.session() as s:
         return hold(s, ONE, {"name": name}, leave_out=frozenset()).get(name)
+
+
+def test_a_datetime_parameter_compares_as_the_instant_it_is_in_any_offset(store: Store) -> None:
+    """A driver statement's datetime parameter is bound as the column stores it (SQLite: UTC text)."""
+    with store.session() as s:
+        due = hold(s, ONE, {"name": "by-held"}).loaded["by-held"]["next_due_at"]
+        kolkata = timezone(timedelta(hours=5, minutes=30))
+        at_due = Sql("name = %(name)s AND next_due_at <= %(at)s")
+        found = hold(s, at_due, {"name": "by-held", "at": due.astimezone(kolkata)})
+        before = hold(
+            s, at_due, {"name": "by-held", "at": (due - timedelta(microseconds=1)).astimezone(kolkata)}
+        )
+    assert list(found.loaded) == ["by-held"]
+    assert list(before.loaded) == []
