@@ -1,7 +1,7 @@
 """What recording a run's start before its body runs costs per run.
 
 A worker records each run's start in ``task_prerun``, atomically and before the task's body
-runs (``Store.begin_run``): that is what lets a second delivery of the same message find the
+runs (``RunLife.begin_run``): that is what lets a second delivery of the same message find the
 start and skip the body. The alternative it replaced wrote starts behind the task, many per
 transaction (``write_reports``). This measures both on the local PostgreSQL, one thread, runs
 of one schedule queued as a tick writes them:
@@ -69,17 +69,21 @@ def main() -> None:
     try:
         upgrade(engine)
         store = Store(engine)
-        store.heartbeat("bench:1", "bench", 1, datetime.now(UTC))
+        store.run_life.heartbeat("bench:1", "bench", 1, datetime.now(UTC))
         # Warm the pool and the plans.
         for run_id in fill(store, 50, 0):
-            store.begin_run(run_id, worker="w", process="bench:1", now=datetime.now(UTC), max_run_time=None)
+            store.run_life.begin_run(
+                run_id, worker="w", process="bench:1", now=datetime.now(UTC), max_run_time=None
+            )
 
         ids = fill(store, args.runs, 100)
         waits = []
         began = time.perf_counter()
         for run_id in ids:
             t = time.perf_counter()
-            store.begin_run(run_id, worker="w", process="bench:1", now=datetime.now(UTC), max_run_time=None)
+            store.run_life.begin_run(
+                run_id, worker="w", process="bench:1", now=datetime.now(UTC), max_run_time=None
+            )
             waits.append(time.perf_counter() - t)
         sync_total = time.perf_counter() - began
 

@@ -88,7 +88,7 @@ class Housekeeping:
             self._next_housekeeping_at = mono + self.retention_every
             silent = max(self.retention_every, 100 * self.settings.heartbeat_interval)
             try:
-                self.store.forget_silent_workers(now - timedelta(seconds=silent))
+                self.store.run_life.forget_silent_workers(now - timedelta(seconds=silent))
             except Exception as exc:
                 self._failed("worker row cleanup", exc, now)
 
@@ -141,12 +141,12 @@ class Housekeeping:
 
     def _reap(self, now: datetime) -> None:
         try:
-            if not self.store.has_active_runs():
+            if not self.store.run_life.has_active_runs():
                 # Only this beat's ticks make runs active: nothing to reap until it emits again.
                 self._runs_may_be_active = False
                 self._succeeded("reap")
                 return
-            settled = self.store.reap(
+            settled = self.store.run_life.reap(
                 now,
                 heartbeat_interval=self.settings.heartbeat_interval,
                 start_timeout=self.settings.start_timeout,

@@ -32,15 +32,15 @@ from typing import Any, cast
 from sqlalchemy import Table, text
 from sqlalchemy.orm import Session
 
-from ..core.due import on_due
 from ..core.spec import EntrySpec
 from ..core.ticks import ScheduleState, TickOutcome
 from ..db.bulk import insert_many
 from ..db.claims import Claimed
-from ..db.locked import TICK_LEAVES_OUT, hold_pg, prefetch_definitions, write_changed
-from ..db.row_state import state_of
-from ..db.store import Store, TickResult, record_outcome
+from ..db.driver import Sql
+from ..db.locked import TICK_LEAVES_OUT, hold, prefetch_definitions, write_changed
+from ..db.store import Store
 from ..db.tables import QueueRow, RunRow
+from ..db.tick import TickResult, decide_due
 
 #: A due row's schedule (an ORM row or a :class:`~.held.Held` one).
 Resolve = Callable[[Any], EntrySpec | None]
@@ -143,8 +143,9 @@ def prepare_tick(
 
 #: The due schedules with a free slot and nothing waiting, locked unless another transaction
 #: holds them (``active_runs`` against the policy's ``max_concurrency``, 1 when it has none).
-#: Sent to psycopg directly: the ORM's result processing was a fifth of a preparation.
-_PG_CERTAIN = (
+#: Sent to psycopg directly (:mod:`~celery_boundedbeat.db.driver`): the ORM's result
+#: processing was a fifth of a preparation. PostgreSQL only.
+CERTAIN = Sql(
     "next_due_at <= %(due)s AND paused IS false AND stopped IS false AND pending_runs = 0 "
     "AND active_runs < coalesce(CAST(policy ->> 'max_concurrency' AS integer), 1) "
     "AND name <> ALL(CAST(%(set_aside)s AS text[])) "
@@ -164,27 +165,20 @@ def _prepare(
     set_aside: Sequence[str],
 ) -> PreparedTick | None:
     result = TickResult(now=due)
-    run_rows: list[dict[str, Any]] = []
-    queue_rows: list[dict[str, Any]] = []
     # Only rows with a free slot and nothing waiting are locked (SKIP LOCKED: a row another
     # transaction holds, a settle or a pause, is left to the tick at ``due``); a busy one stays
     # unlocked, so the settle that frees its slot is not held up.
-    held = hold_pg(
+    held = hold(
         session,
-        _PG_CERTAIN,
+        CERTAIN,
         {"due": due, "limit": limit, "set_aside": list(set_aside)},
         leave_out=TICK_LEAVES_OUT,
     )
     prefetch_definitions(session, held, resolve)
-    for row in held:
-        spec = resolve(row)
-        if spec is None:
-            continue
-        state = state_of(row)
-        outcome = on_due(spec.policy, spec.timing, state, due, rng)
-        if not certain(state, outcome):
-            continue  # locked but untouched: decided by the tick at ``due`` (rare: an ending)
-        record_outcome(row, spec, outcome, due, expires_after, result, run_rows, queue_rows)
+    # As the tick at ``due`` decides them, keeping only the certain outcomes (rare otherwise:
+    # an ending): the schedules left locked but untouched are decided by that tick.
+    decided = decide_due(session, held, resolve, due, rng, expires_after, result, keep=certain)
+    run_rows, queue_rows = decided.runs, decided.queue
     if not run_rows:
         return None
     write_changed(session, held)

@@ -10,8 +10,8 @@ done here: JSON columns travel as JSON text, and a naive datetime is refused ins
 being read in the session's time zone.
 
 Where the insert must share a pipeline with other statements (a tick's writes, sent in one
-round trip), :func:`insert_document` sends the rows as one JSON document instead: ``COPY``
-cannot run in pipeline mode.
+round trip), :func:`insert_document` sends the rows as one JSON document instead (``COPY``
+cannot run in pipeline mode); SQLite runs the same, its document read with ``json_each``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sqlalchemy import JSON, Table, insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from .driver import Driver, Sql, stored_utc
 from .tables import UTCDateTime
 
 #: Rows per executemany where there is no ``COPY``: far below SQLite's 32,766 bound parameters.
@@ -70,11 +71,13 @@ def insert_many(s: Session, table: Table, rows: Iterable[dict[str, Any]]) -> Non
         raise DBAPIError.instance(sql, None, exc, psycopg.Error) from exc
 
 
-def insert_document(cur: Any, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """Queue an ``INSERT ... SELECT FROM json_to_recordset`` of ``rows`` on a psycopg cursor.
+def insert_document(driver: Driver, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Send an ``INSERT ... SELECT`` of ``rows`` from one JSON document (one statement whatever
+    the number of rows), so it can go in a pipeline with the tick's other writes: each round
+    trip of a tick was a wait for a CPU on a saturated machine.
 
-    One statement whatever the number of rows, so it can go in a pipeline with the tick's
-    other writes: each round trip of a tick was a wait for a CPU on a saturated machine.
+    PostgreSQL reads the document with ``json_array_elements``, SQLite with ``json_each``
+    (its values already as the columns store them).
     """
     if not rows:
         return
@@ -90,12 +93,13 @@ def insert_document(cur: Any, table: Table, rows: Sequence[dict[str, Any]]) -> N
         for i in utc_at:
             _check_aware(values[i], table.name, columns[i])
         listed.append(values)
-    document = json.dumps(listed, default=_iso, allow_nan=False)
-    cur.execute(_document_insert(table, columns), {"rows": document})
+    dated = _iso if driver.postgres else _stored
+    document = json.dumps(listed, default=dated, allow_nan=False)
+    driver.execute(_document_insert(table, columns), {"rows": document})
 
 
 @cache
-def _document_insert(table: Table, columns: tuple[str, ...]) -> str:
+def _document_insert(table: Table, columns: tuple[str, ...]) -> Sql:
     """The ``INSERT`` of :func:`insert_document`: rows travel as arrays, read by position."""
     from sqlalchemy.dialects import postgresql
 
@@ -106,16 +110,25 @@ def _document_insert(table: Table, columns: tuple[str, ...]) -> str:
         kind = "json" if i in json_at else table.c[c].type.compile(dialect=dialect)
         picks.append(f"CAST(v ->> {i} AS {kind})")
     listed = ", ".join(f'"{c}"' for c in columns)
-    return (
-        f"INSERT INTO {table.name} ({listed}) "
-        f"SELECT {', '.join(picks)} FROM json_array_elements(CAST(%(rows)s AS json)) AS v"
+    head = f"INSERT INTO {table.name} ({listed}) SELECT "
+    sqlite_picks = ", ".join(f"json_extract(v.value, '$[{i}]')" for i in range(len(columns)))
+    return Sql(
+        f"{head}{', '.join(picks)} FROM json_array_elements(CAST(%(rows)s AS json)) AS v",
+        sqlite=f"{head}{sqlite_picks} FROM json_each(%(rows)s) AS v",
     )
 
 
 def _iso(value: Any) -> str:
-    """A datetime as ISO text in :func:`insert_document`'s document."""
+    """A datetime as ISO text in :func:`insert_document`'s document (PostgreSQL)."""
     if isinstance(value, datetime):
         return value.isoformat()
+    raise TypeError(f"cannot store {type(value).__name__} {value!r} in a row")
+
+
+def _stored(value: Any) -> str:
+    """A datetime as SQLite stores it, in :func:`insert_document`'s document."""
+    if isinstance(value, datetime):
+        return stored_utc(value)
     raise TypeError(f"cannot store {type(value).__name__} {value!r} in a row")
 
 

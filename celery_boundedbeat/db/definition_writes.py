@@ -36,17 +36,8 @@ from ..core.policy import Policy
 from ..core.spec import Definition
 from ..core.ticks import first_state, on_config_change
 from .bulk import insert_many
-from .locked import (
-    DEFINITION,
-    SCHEDULES,
-    HeldRows,
-    hold,
-    hold_driver,
-    hold_pg,
-    light_select,
-    write_changed,
-    write_changed_driver,
-)
+from .driver import Driver, Sql
+from .locked import DEFINITION, HeldRows, hold, write_changed
 from .row_state import COLUMNS, CONFIG, RUNTIME, apply_state, state_of, write_definition, write_state
 from .row_state import fresh_values as row_values
 from .tables import RunRow, ScheduleRow
@@ -287,14 +278,11 @@ def runtime_row(s: Session, name: str, *, leave_out: frozenset[str] = DEFINITION
 
     Held as plain values (:mod:`~.held`): ``write_changed`` sends back what the caller set.
     """
-    if s.get_bind().dialect.name == "postgresql":
-        held = hold_pg(s, _LOCK_ONE, {"name": name}, leave_out=leave_out)
-    else:
-        held = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == name).with_for_update())
-    return _runtime(held, name)
+    return _runtime(hold(s, _LOCK_ONE, {"name": name}, leave_out=leave_out), name)
 
 
-_LOCK_ONE = "name = %(name)s FOR UPDATE"
+#: One schedule, locked (SQLite has one writer, whose transaction holds every row it reads).
+_LOCK_ONE = Sql("name = %(name)s FOR UPDATE", sqlite="name = %(name)s")
 
 
 def _runtime(held: HeldRows, name: str) -> HeldRows:
@@ -336,15 +324,16 @@ def update_runtime_pg(
     The ORM's session and statements cost more CPU than the change itself. (psycopg's
     pipeline mode saved no time here and cost CPU, so the statements go one by one.)
     """
-    held = hold_driver(conn, _LOCK_ONE, {"name": name}, leave_out=frozenset())
+    driver = Driver.psycopg(conn)
+    held = hold(driver, _LOCK_ONE, {"name": name}, leave_out=frozenset())
     with conn.cursor() as cur:
         # After the lock: a prepared tick holding the row commits its run before we get here.
         cur.execute(_PG_NEWEST, {"name": name})
         (newest,) = cur.fetchone()
     if not _revised(_runtime(held, name), name, revise, now, rng, newest and newest.astimezone(UTC)):
         return False
+    write_changed(driver, held)
     with conn.cursor() as cur:
-        write_changed_driver(conn, held)
         cur.execute("SELECT pg_notify(%(c)s, %(p)s)", {"c": channel, "p": name})
     return True
 

@@ -25,7 +25,7 @@ def is_outage(exc: BaseException) -> bool:
 
 def _driver_outage(exc: BaseException) -> bool:
     """The driver's own error, not wrapped by SQLAlchemy: statements sent to psycopg directly
-    (:func:`~.held.driver_cursor`) raise ``psycopg.OperationalError`` and its subclasses."""
+    (:mod:`.driver`) raise ``psycopg.OperationalError`` and its subclasses."""
     if type(exc).__module__.split(".")[0] != "psycopg":
         return False
     return any(cls.__name__ in _DRIVER_OUTAGES for cls in type(exc).__mro__)

@@ -11,16 +11,16 @@ of changed columns (usually one for the whole tick).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import JSON, Select, Table, bindparam, select, update
+from sqlalchemy import JSON, Table
 from sqlalchemy.orm import Session
 
-from .tables import ScheduleRow, UTCDateTime, as_utc
+from .driver import Driver, Kind, Sql, kinds_of, stored_utc
+from .tables import ScheduleRow, as_utc
 
 SCHEDULES = cast(Table, ScheduleRow.__table__)
 
@@ -30,9 +30,8 @@ DEFINITION = frozenset({"task", "schedule", "args", "kwargs", "options", "timing
 #: What a tick leaves out: the policy too, which it reads from the schedule it resolves (the
 #: row's policy is read back only to rebuild one); decoding it was a twentieth of a tick.
 TICK_LEAVES_OUT = DEFINITION | {"policy"}
-#: Columns whose values need converting when sent to or read from psycopg directly.
+#: Columns whose values travel as their JSON text in a document (:func:`write_changed`).
 _JSON_COLUMNS = frozenset(c.name for c in SCHEDULES.c if isinstance(c.type, JSON))
-_UTC_COLUMNS = frozenset(c.name for c in SCHEDULES.c if isinstance(c.type, UTCDateTime))
 
 
 class Held:
@@ -73,88 +72,41 @@ class HeldRows:
         return self.rows.get(name)
 
 
-def light_select(*, leave_out: frozenset[str] = DEFINITION) -> Select[Any]:
-    """``SELECT`` of the schedule columns but ``leave_out``; add criteria and locking to it."""
-    return select(*(c for c in SCHEDULES.c if c.name not in leave_out))
-
-
-def hold(s: Session, query: Select[Any]) -> HeldRows:
-    """Run ``query`` (a :func:`light_select`) and hold its rows, in its order."""
-    result = s.execute(query)
-    fields = list(result.keys())
-    # one fetch: row by row, the driver's fetchone was a tenth of a settle
-    return _held(s, fields, result.all())
-
-
-def hold_pg(
-    s: Session, where: str, params: Mapping[str, Any], *, leave_out: frozenset[str] = DEFINITION
+def hold(
+    db: Session | Driver, where: Sql, params: Mapping[str, Any], *, leave_out: frozenset[str] = DEFINITION
 ) -> HeldRows:
-    """:func:`hold` of ``SELECT <light columns> ... WHERE <where>`` sent to psycopg directly.
+    """Hold the rows of ``SELECT <the columns but leave_out> ... WHERE <where>``, in its order.
 
-    A worker's batch of outcomes spent more CPU in the ORM's statement building and result
-    processing than in the settle itself; this path has neither. ``where`` is SQL with
-    ``%(name)s`` placeholders (never values) and may end in ``ORDER BY`` / ``FOR UPDATE``.
+    ``where`` may end in ``ORDER BY`` / ``LIMIT`` and, on PostgreSQL, ``FOR UPDATE``: SQLite
+    has one writer, whose transaction holds every row it reads. Sent to the driver
+    (:mod:`.driver`): a worker's batch of outcomes spent more CPU in the ORM's statement
+    building and result processing than in the settle itself. Without a session (a bare
+    psycopg connection) nothing may be left out: the columns left out are fetched through
+    the session when first read.
     """
-    return hold_driver(driver_connection(s), where, params, session=s, leave_out=leave_out)
-
-
-def hold_driver(
-    conn: Any,
-    where: str,
-    params: Mapping[str, Any],
-    *,
-    session: Session | None = None,
-    leave_out: frozenset[str] = DEFINITION,
-) -> HeldRows:
-    """:func:`hold_pg` on a psycopg connection; without ``session`` nothing may be left out
-    (the columns left out are fetched through the session when first read)."""
+    session = db if isinstance(db, Session) else None
     if session is None and leave_out:
-        raise ValueError("hold_driver without a session holds whole rows (leave_out=frozenset())")
-    fields, listed, at = _columns_but(leave_out)
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT {listed} FROM {SCHEDULES.name} WHERE {where}", params)
-        rows = cur.fetchall()
-    if at:
-        rows = [_utc_row(row, at) for row in rows]
+        raise ValueError("hold without a session holds whole rows (leave_out=frozenset())")
+    driver = Driver.of(db) if isinstance(db, Session) else db
+    fields, kinds = _columns_but(leave_out)
+    rows = driver.rows(_select(fields, where), params, kinds)  # one fetch: row by row was a tenth of a settle
     return _held(session, fields, rows)
 
 
-def _utc_row(row: tuple[Any, ...], at: list[int]) -> tuple[Any, ...]:
-    """The row with its ``UTCDateTime`` columns as aware UTC, as SQLAlchemy returns them."""
-    out = list(row)
-    for i in at:
-        if out[i] is not None:
-            out[i] = out[i].astimezone(UTC)
-    return tuple(out)
+@cache
+def _columns_but(leave_out: frozenset[str]) -> tuple[tuple[str, ...], tuple[Kind, ...]]:
+    """The columns selected and their kinds (to read them as SQLAlchemy does)."""
+    columns = [c for c in SCHEDULES.c if c.name not in leave_out]
+    return tuple(c.name for c in columns), kinds_of(columns)
 
 
 @cache
-def _columns_but(leave_out: frozenset[str]) -> tuple[list[str], str, list[int]]:
-    """The columns selected, as SQL, and the positions of the ``UTCDateTime`` ones among them."""
-    fields = [c.name for c in SCHEDULES.c if c.name not in leave_out]
-    listed = ", ".join(f'"{f}"' for f in fields)
-    return fields, listed, [i for i, f in enumerate(fields) if f in _UTC_COLUMNS]
+def _select(fields: tuple[str, ...], where: Sql) -> Sql:
+    head = f"SELECT {', '.join(f'{chr(34)}{f}{chr(34)}' for f in fields)} FROM {SCHEDULES.name} WHERE "
+    return where.prefixed(head)
 
 
-def driver_connection(s: Session) -> Any:
-    """The session's psycopg connection: statements on it share the session's transaction."""
-    return s.connection().connection.driver_connection
-
-
-def driver_cursor(s: Session) -> Any:
-    """A psycopg cursor on the session's connection: same transaction, no ORM in between."""
-    return driver_connection(s).cursor()
-
-
-def pipeline(conn: Any) -> AbstractContextManager[Any]:
-    """psycopg's pipeline mode where libpq has it: the statements inside go in one round trip
-    (a ``fetchall`` inside waits for what was sent before it)."""
-    from psycopg import Pipeline  # psycopg is the PostgreSQL extra's
-
-    return conn.pipeline() if Pipeline.is_supported() else nullcontext()
-
-
-def _held(s: Session | None, fields: list[str], raws: Any) -> HeldRows:
+def _held(s: Session | None, fields: tuple[str, ...], raws: Any) -> HeldRows:
     missing = _ALL_COLUMNS - set(fields)
     held = HeldRows()
     for raw in raws:
@@ -180,17 +132,12 @@ def fill_definitions(s: Session, held: HeldRows, wanted: Callable[[Any], bool]) 
     were the beat's largest cost. Returns how many rows were filled.
     """
     names = [row.name for row in held if row.__dict__.get("_fetch") is not None and wanted(row)]
-    postgres = s.get_bind().dialect.name == "postgresql"
+    driver = Driver.of(s) if names else None
     for start in range(0, len(names), 500):
+        assert driver is not None
         part = names[start : start + 500]
-        columns = sorted(_ALL_COLUMNS - set(held.loaded[part[0]]))
-        found_rows: Sequence[Any]
-        if postgres:
-            found_rows = _definitions_pg(s, columns, part)
-        else:
-            query = select(SCHEDULES.c.name, *(SCHEDULES.c[c] for c in columns))
-            found_rows = s.execute(query.where(SCHEDULES.c.name.in_(part))).all()
-        for found in found_rows:
+        columns = tuple(sorted(_ALL_COLUMNS - set(held.loaded[part[0]])))
+        for found in driver.rows(_select(("name", *columns), _NAMED), {"n": part}, _kinds(columns)):
             row = held.rows[found[0]]
             row.__dict__["_fetch"] = None
             for column, value in zip(columns, found[1:], strict=True):
@@ -198,15 +145,15 @@ def fill_definitions(s: Session, held: HeldRows, wanted: Callable[[Any], bool]) 
     return len(names)
 
 
-def _definitions_pg(s: Session, columns: list[str], names: list[str]) -> list[tuple[Any, ...]]:
-    """``(name, *columns)`` of the rows ``names``, through psycopg (types as the ORM reads them)."""
-    listed = ", ".join(f'"{c}"' for c in columns)
-    at = [i + 1 for i, c in enumerate(columns) if c in _UTC_COLUMNS]
-    with driver_cursor(s) as cur:
-        where = "name = ANY(CAST(%(n)s AS text[]))"
-        cur.execute(f"SELECT name, {listed} FROM {SCHEDULES.name} WHERE {where}", {"n": names})
-        rows = cur.fetchall()
-    return [_utc_row(row, at) for row in rows] if at else rows
+#: The rows named in the list ``n``.
+_NAMED = Sql("name = ANY(CAST(%(n)s AS text[]))", sqlite="name IN (SELECT value FROM json_each(:n))")
+_ONE = Sql("name = %(name)s")
+
+
+@cache
+def _kinds(columns: tuple[str, ...]) -> tuple[Kind, ...]:
+    """The kinds of ``name`` and ``columns``."""
+    return kinds_of([SCHEDULES.c.name, *(SCHEDULES.c[c] for c in columns)])
 
 
 def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Mapping[str, Any]] | None:
@@ -214,24 +161,20 @@ def _fetcher(s: Session, name: str, columns: frozenset[str]) -> Callable[[], Map
         return None
 
     def fetch() -> Mapping[str, Any]:
-        query = select(*(SCHEDULES.c[c] for c in sorted(columns))).where(SCHEDULES.c.name == name)
-        return dict(s.execute(query).one()._mapping)
+        listed = tuple(sorted(columns))
+        found = Driver.of(s).rows(_select(("name", *listed), _ONE), {"name": name}, _kinds(listed))
+        return dict(zip(listed, found[0][1:], strict=True))
 
     return fetch
 
 
-def write_changed(s: Session, held: HeldRows) -> None:
-    """Write back the columns each held row changed (compared with what was loaded)."""
-    if s.get_bind().dialect.name == "postgresql":
-        write_changed_driver(driver_connection(s), held)
-        return
+def write_changed(db: Session | Driver, held: HeldRows) -> None:
+    """Write back the columns each held row changed (compared with what was loaded): one
+    ``UPDATE`` per set of changed columns (usually one for a whole tick), its rows one JSON
+    document (:func:`_update`)."""
+    driver = Driver.of(db) if isinstance(db, Session) else db
     for columns, rows in _changes(held).items():
-        s.connection().execute(
-            update(SCHEDULES)
-            .where(SCHEDULES.c.name == bindparam("b_name"))
-            .values({c: bindparam(f"b_{c}") for c in columns}),
-            rows,
-        )
+        driver.execute(_update(columns), {"rows": _document(driver.dialect, columns, rows)})
 
 
 def _changes(held: HeldRows) -> dict[tuple[str, ...], list[dict[str, Any]]]:
@@ -246,48 +189,56 @@ def _changes(held: HeldRows) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     return groups
 
 
-def write_changed_driver(conn: Any, held: HeldRows) -> None:
-    """:func:`write_changed` on a psycopg connection: one ``UPDATE`` per set of changed columns."""
-    for columns, rows in _changes(held).items():
-        with conn.cursor() as cur:
-            cur.execute(_pg_update(columns), {"rows": _pg_document(columns, rows)})
-
-
 @cache
-def _pg_update(columns: tuple[str, ...]) -> str:
-    """One ``UPDATE ... FROM json_to_recordset(...)`` for every row changing ``columns``.
+def _update(columns: tuple[str, ...]) -> Sql:
+    """One ``UPDATE ... FROM`` the rows of a JSON document, for every row changing ``columns``.
 
     The rows travel as one JSON document: psycopg dumped array parameters element by element
     in Python, a twentieth of a tick. JSON columns travel as their JSON text and are cast per
     row, so a JSON ``null`` stays JSON ``null`` where the ORM writes it (not SQL ``NULL``).
+    PostgreSQL reads the document with ``json_to_recordset``, SQLite with ``json_each`` (its
+    values already as the columns store them: :func:`_document`).
     """
     from sqlalchemy.dialects import postgresql
 
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     fields = ['"b_name" text']
     sets = []
+    sqlite_sets = []
+    picks = ["json_extract(value, '$.b_name') AS b_name"]
     for c in columns:
         kind = "text" if c in _JSON_COLUMNS else SCHEDULES.c[c].type.compile(dialect=dialect)
         fields.append(f'"b_{c}" {kind}')
         sets.append(f'"{c}" = CAST(v."b_{c}" AS json)' if c in _JSON_COLUMNS else f'"{c}" = v."b_{c}"')
-    return (
+        sqlite_sets.append(f'"{c}" = v."b_{c}"')
+        picks.append(f"json_extract(value, '$.b_{c}') AS b_{c}")
+    return Sql(
         f"UPDATE {SCHEDULES.name} AS t SET {', '.join(sets)} "
-        f"FROM json_to_recordset(CAST(%(rows)s AS json)) AS v({', '.join(fields)}) WHERE t.name = v.b_name"
+        f"FROM json_to_recordset(CAST(%(rows)s AS json)) AS v({', '.join(fields)}) WHERE t.name = v.b_name",
+        sqlite=f"UPDATE {SCHEDULES.name} AS t SET {', '.join(sqlite_sets)} "
+        f"FROM (SELECT {', '.join(picks)} FROM json_each(:rows)) AS v WHERE t.name = v.b_name",
     )
 
 
-def _pg_document(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
-    """The changed rows as one JSON array of objects keyed as :func:`_pg_update` reads them."""
+def _document(dialect: str, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
+    """The changed rows as one JSON array of objects keyed as :func:`_update` reads them."""
     encoded = [c for c in columns if c in _JSON_COLUMNS]
     if encoded:
         for r in rows:
             for c in encoded:
                 r[f"b_{c}"] = json.dumps(r[f"b_{c}"])
-    return json.dumps(rows, default=_iso, allow_nan=False)
+    return json.dumps(rows, default=_iso if dialect == "postgresql" else _stored, allow_nan=False)
 
 
 def _iso(value: Any) -> str:
-    """A datetime as ISO text for :func:`_pg_document` (aware, in UTC)."""
+    """A datetime as ISO text for :func:`_document` (aware, in UTC)."""
     if isinstance(value, datetime):
         return cast(datetime, as_utc(value)).isoformat()
+    raise TypeError(f"cannot store {type(value).__name__} {value!r} in a schedule row")
+
+
+def _stored(value: Any) -> str:
+    """A datetime as SQLite stores it (naive UTC text, as the ORM writes it)."""
+    if isinstance(value, datetime):
+        return stored_utc(value)
     raise TypeError(f"cannot store {type(value).__name__} {value!r} in a schedule row")

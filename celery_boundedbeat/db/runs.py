@@ -1,8 +1,8 @@
 """A run's life at the worker: started, settled (its slot freed on its schedule), late outcomes,
 the worker heartbeat and the reaper that settles the runs of dead workers.
 
-:class:`RunLife` is the part of :class:`~.store.Store` that these transitions are; the store
-keeps the ticks, the queue, the leases and the reads. Transitions are guarded by ``WHERE
+:class:`RunLife` holds these transitions; a :class:`~.store.Store` holds one (``store.run_life``)
+and keeps the queue, the leases and the reads. Transitions are guarded by ``WHERE
 state = <expected>`` and checked by row count, so a duplicate or late signal can never settle
 a run twice.
 """
@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, case, delete, exists, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..core.enums import ACTIVE_STATES, RunState
@@ -25,6 +24,7 @@ from ..core.messages import clip_error
 from ..core.policy import Policy
 from ..core.ticks import on_settle
 from .alertlog import note_settle
+from .database import Database
 from .row_state import apply_state, state_of
 from .tables import QueueRow, RunRow, ScheduleRow, WorkerRow
 
@@ -134,27 +134,22 @@ def _locked_run(s: Session, run_id: str) -> Any:
 
 
 class RunLife:
-    """The worker-side transitions of runs, each in its own transaction (or the caller's)."""
+    """The worker-side transitions of runs, each in its own transaction (or the caller's).
 
-    engine: Engine
-    #: ``boundedbeat_failing_threshold``: a settle that makes the failure streak this long
-    #: announces the schedule failing (:func:`~celery_boundedbeat.core.alerts.on_settled`).
-    failing_threshold: int
-    is_postgres: bool
+    A :class:`~.store.Store` holds one (``store.run_life``) on the store's :class:`~.database.Database`.
+    """
 
-    if TYPE_CHECKING:  # provided by Store
-
-        def session(self) -> AbstractContextManager[Session]: ...
-
-        def _notify(self, session: Session, channel: str, payload: str = "") -> None: ...
-
-        def _driver(self, *, one_statement: bool = False) -> AbstractContextManager[Any]: ...
+    def __init__(self, db: Database, *, failing_threshold: int = 1) -> None:
+        self.db = db
+        #: ``boundedbeat_failing_threshold``: a settle that makes the failure streak this long
+        #: announces the schedule failing (:func:`~celery_boundedbeat.core.alerts.on_settled`).
+        self.failing_threshold = failing_threshold
 
     def start_run(
         self, run_id: str, *, worker: str, process: str, now: datetime, max_run_time: float | None
     ) -> bool:
         """queued/published → started (a retry or redelivery of a started run is a no-op)."""
-        with self.session() as s:
+        with self.db.session() as s:
             return self.start_in(
                 s, run_id, worker=worker, process=process, now=now, max_run_time=max_run_time
             )
@@ -215,8 +210,8 @@ class RunLife:
         a worker's batch, a settle); one whose process froze is ended by the server's
         ``idle_in_transaction_session_timeout`` (60 s, :mod:`.engine`).
         """
-        if not self.is_postgres:
-            with self.session() as s:
+        if not self.db.is_postgres:
+            with self.db.session() as s:
                 before = s.execute(
                     select(RunRow.state, RunRow.process, RunRow.started_at, WorkerRow.heartbeat_at)
                     .outerjoin(WorkerRow, WorkerRow.id == RunRow.process)
@@ -249,7 +244,7 @@ class RunLife:
         }
         # One statement in autocommit: one round trip, and the least of the worker's CPU (a
         # pipeline with BEGIN, settings and COMMIT cost a task twice as much of it).
-        with self._driver(one_statement=True) as conn, conn.cursor() as cur:
+        with self.db.driver(one_statement=True) as conn, conn.cursor() as cur:
             cur.execute(_PG_BEGIN, params)
             count, state, found_process, started_at, heartbeat_at = cur.fetchone()
         if count:
@@ -266,7 +261,7 @@ class RunLife:
         """Point a started run at the process continuing it (a redelivery after its first
         process died), only if ``previous`` still holds it: two redeliveries take it once."""
         guard = RunRow.process.is_(None) if previous is None else RunRow.process == previous
-        with self.session() as s:
+        with self.db.session() as s:
             result = s.execute(
                 update(RunRow)
                 .where(RunRow.id == run_id, RunRow.state == RunState.STARTED.value, guard)
@@ -302,7 +297,7 @@ class RunLife:
         to the run's ``error`` as ``late outcome from the worker at <time>: <state>[: error]``.
         """
         assert state.terminal
-        with self.session() as s:
+        with self.db.session() as s:
             return self.settle_in(
                 s, run_id, state, now=now, error=error, stop=stop, rng=rng, expect=expect, late=late
             )
@@ -397,7 +392,7 @@ class RunLife:
         if row is None or not settles_onto(row, incarnation):
             return
         self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)
-        self._notify(s, SETTLED_CHANNEL, schedule)
+        self.db.notify(s, SETTLED_CHANNEL, schedule)
 
     def count_settled(
         self,
@@ -469,7 +464,7 @@ class RunLife:
 
     def heartbeat(self, process: str, hostname: str, pid: int, now: datetime) -> None:
         """One statement per worker process per interval, however many runs it has."""
-        with self.session() as s:
+        with self.db.session() as s:
             self.heartbeat_in(s, process, hostname, pid, now)
 
     def heartbeat_in(self, s: Session, process: str, hostname: str, pid: int, now: datetime) -> None:
@@ -481,11 +476,11 @@ class RunLife:
         """
         values = {"id": process, "hostname": hostname, "pid": pid, "heartbeat_at": now}
         upsert: Any = None
-        if self.is_postgres:
+        if self.db.is_postgres:
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
             upsert = pg_insert(WorkerRow).values(**values)
-        elif self.engine.dialect.name == "sqlite":
+        elif self.db.engine.dialect.name == "sqlite":
             from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
             upsert = sqlite_insert(WorkerRow).values(**values)
@@ -507,7 +502,7 @@ class RunLife:
         Their runs were reaped long ago; a live process that was idle writes its row again
         when its next run starts.
         """
-        with self.session() as s:
+        with self.db.session() as s:
             result = s.execute(delete(WorkerRow).where(WorkerRow.heartbeat_at < older_than))
             return int(result.rowcount)  # type: ignore[attr-defined]
 
@@ -532,7 +527,7 @@ class RunLife:
     def has_active_runs(self) -> bool:
         """Whether any run is queued, published or started (one index probe): what the reaper
         looks at; without any, an idle beat leaves it until it emits again."""
-        with self.engine.connect() as conn:
+        with self.db.engine.connect() as conn:
             found = conn.scalar(select(exists().where(RunRow.state.in_([s.value for s in ACTIVE_STATES]))))
         return bool(found)
 
@@ -542,7 +537,7 @@ class RunLife:
         """``(run id, verdict, error, state it was found in)`` of each run the reaper settles."""
         stale = now - timedelta(seconds=3 * heartbeat_interval)
         started = RunState.STARTED.value
-        with self.session() as s:
+        with self.db.session() as s:
             timed_out = s.scalars(
                 select(RunRow.id).where(RunRow.state == started, RunRow.deadline_at < now).limit(500)
             ).all()

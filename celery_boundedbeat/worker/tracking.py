@@ -250,7 +250,7 @@ class Tracker:
             return True
         try:
             self._beat_if_due()  # the process's heartbeat row exists before its run shows started
-            found = self.store.begin_run(
+            found = self.store.run_life.begin_run(
                 run_id, worker=hostname, process=self.process, now=at, max_run_time=limit
             )
             why = self._duplicate(run_id, found, hostname, retried=retried)
@@ -281,7 +281,7 @@ class Tracker:
                 at = found.started_at.isoformat(timespec="milliseconds") if found.started_at else "?"
                 return f"another delivery started it at {at} in {found.process}, which may still run it"
             # A Celery retry, or a redelivery after the first process died: a continuation.
-            if not self.store.take_over_run(
+            if not self.store.run_life.take_over_run(
                 run_id, worker=hostname, process=self.process, previous=found.process
             ):
                 return "another delivery took it over first"
@@ -358,7 +358,7 @@ class Tracker:
         if isinstance(item, _PendingStart):
             self._write_start(item)
             return None
-        return self.store.settle_run(
+        return self.store.run_life.settle_run(
             item.run_id,
             item.state,
             now=item.at,
@@ -413,7 +413,7 @@ class Tracker:
 
     def _write_start(self, item: _PendingStart) -> None:
         self._beat_if_due()
-        self.store.start_run(
+        self.store.run_life.start_run(
             item.run_id, worker=item.worker, process=self.process, now=item.at, max_run_time=item.limit
         )
 
@@ -534,7 +534,7 @@ class Tracker:
         needs its row first (and a row held by a batch would hold every later heartbeat)."""
         if time.monotonic() - self._last_heartbeat < self.settings.heartbeat_interval / 2:
             return
-        self.store.heartbeat(self.process, socket.gethostname(), os.getpid(), utcnow())
+        self.store.run_life.heartbeat(self.process, socket.gethostname(), os.getpid(), utcnow())
         self._last_heartbeat = time.monotonic()
 
     def shutdown(self) -> None:
@@ -596,7 +596,7 @@ class Tracker:
                     busy = bool(self._active) or bool(self._queue)
                 if busy and time.monotonic() - self._last_heartbeat >= interval * 0.9:
                     try:
-                        self.store.heartbeat(self.process, hostname, os.getpid(), utcnow())
+                        self.store.run_life.heartbeat(self.process, hostname, os.getpid(), utcnow())
                     except Exception as exc:
                         self._beats.failed(exc)
                     else:

@@ -107,15 +107,17 @@ def apply_one_by_one(
         for kind, event in sorted(batch, key=lambda e: e[0] != "start"):
             if kind == "start":
                 key, at = event
-                store.start_run(
+                store.run_life.start_run(
                     ids[key], worker="w", process=f"h:{at:.1f}", now=T0 + sec(at), max_run_time=30
                 )
             elif kind == "outcome":
                 key, at, state = event
-                store.settle_run(ids[key], state, now=T0 + sec(at), error=f"e{at:.2f}", late=True)
+                store.run_life.settle_run(ids[key], state, now=T0 + sec(at), error=f"e{at:.2f}", late=True)
             else:
                 key, at = event
-                store.settle_run(ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped")
+                store.run_life.settle_run(
+                    ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped"
+                )
 
 
 def apply_batched(
@@ -129,7 +131,7 @@ def apply_batched(
     for batch in batches:
         if batch[0][0] == "reap":
             key, at = batch[0][1]
-            store.settle_run(ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped")
+            store.run_life.settle_run(ids[key], RunState.LOST, now=T0 + sec(at), error="heartbeat stopped")
             continue
         starts = [
             StartReport(run_id=ids[key], worker="w", process=f"h:{at:.1f}", at=T0 + sec(at), limit=30)
@@ -190,7 +192,9 @@ def test_batches_written_by_the_writer_process_end_where_the_same_reports_one_by
     one, many = emit_copies(store, "one-", "many-")
     batches = script(seed)
     apply_one_by_one(store, one, batches)
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     try:
         apply_batched(store, many, batches, lambda starts, outcomes: writer.write(starts, outcomes, None))
     finally:
@@ -204,7 +208,9 @@ def test_a_writer_process_that_dies_loses_no_report(store: Store, monkeypatch: p
     """A child found dead is replaced before the next batch; one that dies during a batch fails
     that batch as an outage (the tracker keeps it and sends it again), and the retry lands."""
     (ids,) = emit_copies(store, "dead-")
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     first, second = ids[(0, 0)], ids[(1, 0)]
     try:
         assert writer.write([StartReport(first, "w", "h:1", T0 + sec(1), None)], [], None) == []
@@ -238,7 +244,9 @@ def test_the_writer_process_outlives_ctrl_c_and_sigterm_to_the_process_group(
     """Ctrl-C or a service manager's SIGTERM reach the child too; it must still be there to
     write the warm shutdown's last reports (the same child, not a replacement)."""
     (ids,) = emit_copies(store, "sig-")
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     run = ids[(0, 0)]
     try:
         assert writer.write([StartReport(run, "w", "h:1", T0 + sec(1), None)], [], None) == []
@@ -259,7 +267,9 @@ def test_the_writer_process_outlives_ctrl_c_and_sigterm_to_the_process_group(
 def test_ready_starts_the_writer_process_in_the_background(store: Store) -> None:
     """The tracker asks ``ready()`` before each batch and writes the batch itself while the
     answer is no: the child's imports (about a second) never delay a worker's first reports."""
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     try:
         started = time.monotonic()
         assert writer.ready() is False
@@ -288,7 +298,9 @@ def test_a_writer_process_that_cannot_start_is_not_spawned_for_every_batch(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(reportproc.subprocess, "Popen", popen)
-    writer = ReportProcess(store.engine.url.render_as_string(hide_password=False), store.failing_threshold)
+    writer = ReportProcess(
+        store.engine.url.render_as_string(hide_password=False), store.run_life.failing_threshold
+    )
     assert writer.ready() is False
     assert writer._starting is not None
     writer._starting.join(30)
@@ -325,7 +337,7 @@ def test_a_batch_the_database_refuses_in_the_writer_process_is_refused_not_an_ou
     upgrade(engine)
     store = Store(engine)
     (ids,) = emit_copies(store, "bad-")
-    writer = ReportProcess(postgres_url, store.failing_threshold)
+    writer = ReportProcess(postgres_url, store.run_life.failing_threshold)
     try:
         with pytest.raises((ReportsRefused, ReportWriterLost)) as refused:
             writer.write([StartReport(ids[(0, 0)], "w" * 300, "h:1", T0, None)], [], None)
@@ -344,7 +356,7 @@ def test_a_batch_writes_its_heartbeat_first_and_notes_a_late_outcome_once(store:
     assert write_reports(store, [StartReport(a, "w", "h:7", T0 + sec(1), None)], [], beat=beat) == []
     with store.session() as s:
         assert s.get(WorkerRow, "h:7") is not None
-    store.settle_run(a, RunState.LOST, now=T0 + sec(5), error="heartbeat stopped")
+    store.run_life.settle_run(a, RunState.LOST, now=T0 + sec(5), error="heartbeat stopped")
     done = write_reports(
         store,
         [StartReport(b, "w", "h:7", T0 + sec(2), None)],

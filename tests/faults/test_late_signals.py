@@ -60,12 +60,14 @@ def counters(store: Store, name: str = "a") -> tuple[int, int, int]:
 def test_a_late_success_after_lost_is_noted_but_not_counted(store: Store) -> None:
     """A success reported after the reaper settled the run lost counts nothing and is noted once."""
     run_id = emit(store)
-    store.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
-    assert store.settle_run(run_id, RunState.LOST, now=T0 + sec(12), error="worker heartbeat stopped")
+    store.run_life.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
+    assert store.run_life.settle_run(
+        run_id, RunState.LOST, now=T0 + sec(12), error="worker heartbeat stopped"
+    )
     assert counters(store) == (0, 1, 0)
 
-    assert store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(20), late=True) is None
-    assert store.settle_run(run_id, RunState.FAILED, now=T0 + sec(21), error="x", late=True) is None
+    assert store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(20), late=True) is None
+    assert store.run_life.settle_run(run_id, RunState.FAILED, now=T0 + sec(21), error="x", late=True) is None
     run = store.run(run_id)
     assert run is not None
     assert (run.state, run.finished_at, run.elapsed_ms) == ("lost", T0 + sec(12), 11000)
@@ -77,11 +79,11 @@ def test_a_late_success_after_lost_is_noted_but_not_counted(store: Store) -> Non
 def test_duplicates_of_a_task_outcome_are_no_ops_and_leave_no_note(store: Store) -> None:
     """The task's own outcome settled first: repeats and contradicting later reports change nothing."""
     run_id = emit(store)
-    store.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
-    assert store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(2), late=True)
-    assert store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(2), late=True) is None
-    assert store.settle_run(run_id, RunState.FAILED, now=T0 + sec(3), error="dup", late=True) is None
-    assert store.settle_run(run_id, RunState.LOST, now=T0 + sec(30)) is None  # the reaper, late
+    store.run_life.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
+    assert store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(2), late=True)
+    assert store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(2), late=True) is None
+    assert store.run_life.settle_run(run_id, RunState.FAILED, now=T0 + sec(3), error="dup", late=True) is None
+    assert store.run_life.settle_run(run_id, RunState.LOST, now=T0 + sec(30)) is None  # the reaper, late
     run = store.run(run_id)
     assert run is not None and (run.state, run.error) == ("completed", None)
     assert counters(store) == (1, 0, 0)
@@ -90,8 +92,13 @@ def test_duplicates_of_a_task_outcome_are_no_ops_and_leave_no_note(store: Store)
 def test_an_outcome_before_its_start_settles_once_and_the_late_start_is_ignored(store: Store) -> None:
     """Out of order: an outcome before its start settles the run; the late start changes nothing."""
     run_id = emit(store)
-    assert store.settle_run(run_id, RunState.FAILED, now=T0 + sec(2), error="ValueError: x", late=True)
-    assert store.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None) is False
+    assert store.run_life.settle_run(
+        run_id, RunState.FAILED, now=T0 + sec(2), error="ValueError: x", late=True
+    )
+    assert (
+        store.run_life.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
+        is False
+    )
     run = store.run(run_id)
     assert run is not None and (run.state, run.started_at) == ("failed", None)
     assert counters(store) == (0, 1, 0)
@@ -100,13 +107,13 @@ def test_an_outcome_before_its_start_settles_once_and_the_late_start_is_ignored(
 def test_racing_reports_of_one_run_settle_it_once(store: Store) -> None:
     """The reaper and several duplicate worker reports racing: one wins, the counters move once."""
     run_id = emit(store)
-    store.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
+    store.run_life.start_run(run_id, worker="w", process="h:1", now=T0 + sec(1), max_run_time=None)
     results: list[Any] = []
     barrier = threading.Barrier(6)
 
     def report(state: RunState, late: bool) -> None:
         barrier.wait()
-        results.append(store.settle_run(run_id, state, now=T0 + sec(5), late=late))
+        results.append(store.run_life.settle_run(run_id, state, now=T0 + sec(5), late=late))
 
     threads = [threading.Thread(target=report, args=(RunState.COMPLETED, True)) for _ in range(3)]
     threads += [threading.Thread(target=report, args=(RunState.LOST, False)) for _ in range(3)]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from celery_boundedbeat.db.store import REPLACED
+from celery_boundedbeat.db.tick import REPLACED
 
 from .harness import Harness
 from .reads import ACTIVE_STATES, epoch

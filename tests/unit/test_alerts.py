@@ -259,7 +259,7 @@ def _run(store: Store, entries: dict[str, EntrySpec], now: datetime) -> str:
     result = store.tick(entries, now, RNG, 100)
     assert len(result.emitted) == 1, result.emitted
     run_id = result.emitted[0].id
-    assert store.start_run(run_id, worker="w", process="w:1", now=now, max_run_time=None)
+    assert store.run_life.start_run(run_id, worker="w", process="w:1", now=now, max_run_time=None)
     return run_id
 
 
@@ -272,7 +272,9 @@ def test_settles_store_each_transition_once_and_take_hands_each_out_once(store: 
         now = T0 + sec(10 * i)
         run_id = _run(store, entries, now)
         ids.append(run_id)
-        assert store.settle_run(run_id, outcome, now=now + sec(1), error="boom" if outcome is F else None)
+        assert store.run_life.settle_run(
+            run_id, outcome, now=now + sec(1), error="boom" if outcome is F else None
+        )
     taken = store.take_alerts()
     assert [(a.kind, a.run_id, a.count) for a in taken] == [
         (AlertKind.FAILING, ids[1], 2),
@@ -288,10 +290,10 @@ def test_a_settle_rolled_back_leaves_no_alert(store: Store) -> None:
     """A settle whose transaction rolls back writes neither its outcome nor its alert."""
     entries = {"job": _spec("job")}
     store.sync_config(entries.values(), T0, RNG)
-    store.failing_threshold = 1
+    store.run_life.failing_threshold = 1
     run_id = _run(store, entries, T0)
     with pytest.raises(RuntimeError), store.session() as s:
-        assert store.settle_in(s, run_id, F, now=T0 + sec(1), error="boom")
+        assert store.run_life.settle_in(s, run_id, F, now=T0 + sec(1), error="boom")
         raise RuntimeError("the transaction fails after the settle")
     assert store.take_alerts() == []
     assert store.run(run_id).state == "started"  # type: ignore[union-attr]
@@ -305,7 +307,7 @@ def test_the_reaper_announces_a_lost_run_and_the_failing_it_completes(store: Sto
     for i in range(2):
         now = T0 + sec(20 * i)
         lost.append(_run(store, entries, now))
-        assert store.reap(now + sec(11), heartbeat_interval=3, start_timeout=3600, rng=RNG)
+        assert store.run_life.reap(now + sec(11), heartbeat_interval=3, start_timeout=3600, rng=RNG)
     kinds = [(a.kind, a.run_id) for a in store.take_alerts()]
     assert kinds == [
         (AlertKind.RUN_LOST, lost[0]),

@@ -1,5 +1,5 @@
-"""Rows inserted by ``insert_many`` (and, on PostgreSQL, ``insert_document``) read back exactly
-as the ORM's Core insert writes them.
+"""Rows inserted by ``insert_many`` and ``insert_document`` read back exactly as the ORM's Core
+insert writes them.
 
 On PostgreSQL it is a ``COPY`` that bypasses SQLAlchemy's type processing, so the bindings the
 ORM would do must match to the SQL value: JSON as JSON (``None`` as JSON ``null``), datetimes
@@ -17,8 +17,8 @@ from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
 from celery_boundedbeat.db.bulk import CHUNK, insert_document, insert_many
+from celery_boundedbeat.db.driver import Driver
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.locked import driver_cursor
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow
@@ -124,30 +124,26 @@ def pg_store(postgres_url: str) -> Iterator[Store]:
     dispose_all()
 
 
-@pytest.mark.postgres
-def test_a_document_insert_reads_back_as_the_core_insert_writes_it(pg_store: Store) -> None:
+def test_a_document_insert_reads_back_as_the_core_insert_writes_it(store: Store) -> None:
     """The tick's rows travel as one JSON document: JSON, odd text and offsets must survive it."""
-    with pg_store.session() as s:
+    with store.session() as s:
         s.execute(insert(QUEUE), [row("by-core")])
-        with driver_cursor(s) as cur:
-            insert_document(cur, QUEUE, [row("by-doc"), row("by-doc-2", args=None, kwargs={})])
-    core, doc = read_back(pg_store, "by-core"), read_back(pg_store, "by-doc")
+        insert_document(Driver.of(s), QUEUE, [row("by-doc"), row("by-doc-2", args=None, kwargs={})])
+    core, doc = read_back(store, "by-core"), read_back(store, "by-doc")
     assert doc[1:] == core[1:]
     assert doc[5] == datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC)
-    assert read_back(pg_store, "by-doc-2")[2:4] == ("null", "{}")  # JSON null, not SQL NULL
+    assert read_back(store, "by-doc-2")[2:4] == ("null", "{}")  # JSON null, not SQL NULL
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("bad", ["naive", "short"])
-def test_a_document_insert_refuses_a_bad_row_and_writes_nothing(pg_store: Store, bad: str) -> None:
+def test_a_document_insert_refuses_a_bad_row_and_writes_nothing(store: Store, bad: str) -> None:
     odd = row(bad, due_at=datetime(2030, 1, 1)) if bad == "naive" else row(bad)
     if bad == "short":
         del odd["claimed_by"]
     with (
         pytest.raises(ValueError, match="timezone-aware" if bad == "naive" else "every row of one insert"),
-        pg_store.session() as s,
-        driver_cursor(s) as cur,
+        store.session() as s,
     ):
-        insert_document(cur, QUEUE, [row("fine"), odd])
-    with pg_store.session() as s:
+        insert_document(Driver.of(s), QUEUE, [row("fine"), odd])
+    with store.session() as s:
         assert s.scalar(select(func.count()).select_from(QueueRow)) == 0

@@ -62,9 +62,9 @@ def store(app: Celery) -> Store:
         now = start + timedelta(minutes=i)
         emitted = store.tick({"report": spec}, now, rng, 10).emitted
         assert len(emitted) == 1
-        store.start_run(emitted[0].id, worker="w@host", process="host:1", now=now, max_run_time=None)
+        store.run_life.start_run(emitted[0].id, worker="w@host", process="host:1", now=now, max_run_time=None)
         error = "ValueError: boom" if outcome is RunState.FAILED else None
-        store.settle_run(emitted[0].id, outcome, now=now + timedelta(seconds=2), error=error)
+        store.run_life.settle_run(emitted[0].id, outcome, now=now + timedelta(seconds=2), error=error)
     return store
 
 

@@ -1,9 +1,9 @@
 """Held schedule rows written back by column read back exactly as the ORM writes them.
 
-On PostgreSQL ``write_changed`` sends one ``UPDATE ... FROM json_to_recordset(...)`` straight
-to psycopg (JSON columns as text cast per row, datetimes as UTC ISO text) and ``hold_pg``
-reads rows the same way; both must agree with the ORM to the SQL value: JSON ``null`` stays
-JSON ``null``, not SQL ``NULL``.
+``write_changed`` sends one ``UPDATE ... FROM`` a JSON document straight to the driver
+(``json_to_recordset`` on PostgreSQL, ``json_each`` on SQLite; JSON columns as text, datetimes
+as each dialect stores them) and ``hold`` reads rows through the driver too; both must agree
+with the ORM to the SQL value: JSON ``null`` stays JSON ``null``, not SQL ``NULL``.
 """
 
 from __future__ import annotations
@@ -13,24 +13,19 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from celery_boundedbeat.config.entries import parse_entry
+from celery_boundedbeat.db.driver import Sql
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.locked import (
-    DEFINITION,
-    SCHEDULES,
-    fill_definitions,
-    hold,
-    hold_pg,
-    light_select,
-    write_changed,
-)
+from celery_boundedbeat.db.locked import DEFINITION, SCHEDULES, fill_definitions, hold, write_changed
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
+ONE = Sql("name = %(name)s")
+ONE_LOCKED = Sql("name = %(name)s FOR UPDATE", sqlite="name = %(name)s")
 #: One value of every kind of column a held row writes back.
 CHANGES: dict[str, Any] = {
     "timing": None,
@@ -86,8 +81,7 @@ def test_a_held_row_written_back_reads_back_as_the_same_row_written_by_the_orm(s
         for column, value in CHANGES.items():
             setattr(row, column, value)
     with store.session() as s:
-        query = light_select(leave_out=frozenset()).where(SCHEDULES.c.name == "by-held").with_for_update()
-        held = hold(s, query)
+        held = hold(s, ONE_LOCKED, {"name": "by-held"}, leave_out=frozenset())
         target = held.get("by-held")
         assert target is not None
         for column, value in CHANGES.items():
@@ -97,9 +91,30 @@ def test_a_held_row_written_back_reads_back_as_the_same_row_written_by_the_orm(s
     assert not read_back(store.engine, "by-orm")[0], "JSON null, not SQL NULL"
 
 
+def orm_values(s: Any, name: str, leave_out: frozenset[str]) -> dict[str, Any]:
+    """Row ``name``'s columns but ``leave_out`` as SQLAlchemy reads them."""
+    columns = [c for c in SCHEDULES.c if c.name not in leave_out]
+    return dict(s.execute(select(*columns).where(SCHEDULES.c.name == name)).one()._mapping)
+
+
+LEAVE_OUTS = (frozenset(), frozenset({"task", "args", "kwargs", "options", "timing"}))
+
+
+def test_rows_held_through_the_driver_equal_rows_read_through_the_orm(store: Store) -> None:
+    """``hold`` gives the same values as SQLAlchemy reads, on every dialect, datetimes aware UTC."""
+    with store.session() as s:
+        for leave_out in LEAVE_OUTS:
+            raw = hold(s, ONE, {"name": "by-held"}, leave_out=leave_out)
+            assert raw.loaded["by-held"] == orm_values(s, "by-held", leave_out)
+            assert any(isinstance(v, datetime) for v in raw.loaded["by-held"].values())
+            for value in raw.loaded["by-held"].values():
+                if isinstance(value, datetime):
+                    assert value.tzinfo == UTC
+
+
 @pytest.mark.postgres
-def test_rows_held_through_psycopg_equal_rows_held_through_the_orm(postgres_url: str) -> None:
-    """``hold_pg`` gives the same values as ``hold``, every datetime aware UTC."""
+def test_rows_held_through_psycopg_are_utc_whatever_the_session_time_zone(postgres_url: str) -> None:
+    """``hold`` gives the same values as the ORM, every datetime aware UTC, in any session zone."""
     engine = get_engine(postgres_url)
     upgrade(engine)
     try:
@@ -109,10 +124,9 @@ def test_rows_held_through_psycopg_equal_rows_held_through_the_orm(postgres_url:
         store.sync_config([spec], T0, random.Random(1))
         with store.session() as s:
             s.execute(text("SET LOCAL TIME ZONE 'Asia/Kolkata'"))  # psycopg then returns +05:30
-            for leave_out in (frozenset(), frozenset({"task", "args", "kwargs", "options", "timing"})):
-                orm = hold(s, light_select(leave_out=leave_out).where(SCHEDULES.c.name == "s"))
-                raw = hold_pg(s, "name = %(name)s", {"name": "s"}, leave_out=leave_out)
-                assert raw.loaded == orm.loaded
+            for leave_out in LEAVE_OUTS:
+                raw = hold(s, ONE, {"name": "s"}, leave_out=leave_out)
+                assert raw.loaded["s"] == orm_values(s, "s", leave_out)
                 for value in raw.loaded["s"].values():
                     if isinstance(value, datetime):
                         assert value.tzinfo == UTC
@@ -127,8 +141,8 @@ def test_definitions_filled_in_one_query_equal_those_fetched_on_first_read(store
         s.execute(
             text("UPDATE boundedbeat_schedules SET args = :a WHERE name = 'by-held'"), {"a": '[1, "x"]'}
         )
-        whole = hold(s, light_select(leave_out=frozenset()).where(SCHEDULES.c.name.in_(["by-held"]))).loaded
-        held = hold(s, light_select().where(SCHEDULES.c.name.in_(["by-orm", "by-held"])))
+        whole = hold(s, ONE, {"name": "by-held"}, leave_out=frozenset()).loaded
+        held = hold(s, Sql("name IN (%(a)s, %(b)s)"), {"a": "by-orm", "b": "by-held"})
         filled = fill_definitions(s, held, lambda row: row.name == "by-held") if fill else 0
         assert filled == (1 if fill else 0)
         row = held.get("by-held")
@@ -172,4 +186,18 @@ def test_a_tick_reads_no_left_out_column_row_by_row(store: Store, monkeypatch: p
 
 def store_row(store: Store, name: str) -> Any:
     with store.session() as s:
-        return hold(s, light_select(leave_out=frozenset()).where(SCHEDULES.c.name == name)).get(name)
+        return hold(s, ONE, {"name": name}, leave_out=frozenset()).get(name)
+
+
+def test_a_datetime_parameter_compares_as_the_instant_it_is_in_any_offset(store: Store) -> None:
+    """A driver statement's datetime parameter is bound as the column stores it (SQLite: UTC text)."""
+    with store.session() as s:
+        due = hold(s, ONE, {"name": "by-held"}).loaded["by-held"]["next_due_at"]
+        kolkata = timezone(timedelta(hours=5, minutes=30))
+        at_due = Sql("name = %(name)s AND next_due_at <= %(at)s")
+        found = hold(s, at_due, {"name": "by-held", "at": due.astimezone(kolkata)})
+        before = hold(
+            s, at_due, {"name": "by-held", "at": (due - timedelta(microseconds=1)).astimezone(kolkata)}
+        )
+    assert list(found.loaded) == ["by-held"]
+    assert list(before.loaded) == []

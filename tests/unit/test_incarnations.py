@@ -60,7 +60,7 @@ def error_of(state: RunState) -> str | None:
 
 
 def settle_one(store: Store, run_id: str, state: RunState, at: datetime, stop: bool) -> None:
-    assert store.settle_run(run_id, state, now=at, stop=stop, error=error_of(state))
+    assert store.run_life.settle_run(run_id, state, now=at, stop=stop, error=error_of(state))
 
 
 def settle_batched(store: Store, run_id: str, state: RunState, at: datetime, stop: bool) -> None:
@@ -83,7 +83,7 @@ def tick(app: Celery, store: Store, at: datetime) -> list[str]:
 
 
 def start(store: Store, run_id: str, at: datetime) -> None:
-    assert store.start_run(run_id, worker="w@host", process="host:1", now=at, max_run_time=None)
+    assert store.run_life.start_run(run_id, worker="w@host", process="host:1", now=at, max_run_time=None)
 
 
 def run_due(app: Celery, store: Store, name: str) -> tuple[str, datetime]:
@@ -169,7 +169,7 @@ def test_the_old_runs_stay_in_the_history_with_their_incarnation(app: Celery, st
     (second,) = snapshot(app)
     assert first.incarnation and second.incarnation and first.incarnation != second.incarnation
     new_run, _ = run_due(app, store, "x")
-    assert store.settle_run(old_run, RunState.COMPLETED, now=at + sec(1)) is not None
+    assert store.run_life.settle_run(old_run, RunState.COMPLETED, now=at + sec(1)) is not None
     seen = {r.id: (r.incarnation, r.state) for r in history(app, name="x")}
     assert seen == {
         old_run: (first.incarnation, RunState.COMPLETED),
@@ -297,5 +297,5 @@ def test_migration_0009_attributes_the_runs_it_can(engine: Engine) -> None:
     with store.session() as s:
         owners = {r.id: r.incarnation for r in s.execute(select(RunRow.id, RunRow.incarnation))}
     assert owners == {"before": None, "after": incarnation, "gone": None}
-    assert store.settle_run("after", RunState.COMPLETED, now=T0 + sec(11)) is not None
+    assert store.run_life.settle_run("after", RunState.COMPLETED, now=T0 + sec(11)) is not None
     assert (row(store, "m").active_runs, row(store, "m").runs) == (0, 1)

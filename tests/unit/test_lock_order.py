@@ -174,7 +174,7 @@ def test_the_reaper_settling_runs_never_deadlocks_with_a_worker_batch(engine: En
         race(
             lambda outcomes=outcomes: write_reports(worker, [], outcomes),
             lambda ids=ids: [
-                reaper.settle_run(i, RunState.LOST, now=T0, error="lost") for i in reversed(ids)
+                reaper.run_life.settle_run(i, RunState.LOST, now=T0, error="lost") for i in reversed(ids)
             ],
         )
         assert states(worker, ids) <= {RunState.COMPLETED.value, RunState.LOST.value}

@@ -103,8 +103,10 @@ def test_the_store_pauses_the_row_and_resume_lifts_it(store: Store) -> None:
         assert len(result.emitted) == 1
         run_id = result.emitted[0].id
         ids.append(run_id)
-        assert store.start_run(run_id, worker="w", process="w:1", now=now, max_run_time=None)
-        assert store.settle_run(run_id, RunState.FAILED, now=now + timedelta(seconds=1), error="boom")
+        assert store.run_life.start_run(run_id, worker="w", process="w:1", now=now, max_run_time=None)
+        assert store.run_life.settle_run(
+            run_id, RunState.FAILED, now=now + timedelta(seconds=1), error="boom"
+        )
     (row,) = store.schedules(["job"])
     assert row.paused and row.pause_reason is not None and ids[1] in row.pause_reason
     assert store.tick({"job": spec}, T0 + timedelta(seconds=60), rng, 100).emitted == []

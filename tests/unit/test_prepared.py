@@ -113,7 +113,7 @@ def test_a_schedule_waiting_on_a_busy_slot_is_left_to_the_tick_at_its_due_time(s
     settled = threading.Event()
 
     def settle() -> None:
-        store.settle_run(active.id, RunState.COMPLETED, now=T0 + sec(9))
+        store.run_life.settle_run(active.id, RunState.COMPLETED, now=T0 + sec(9))
         settled.set()
 
     worker = threading.Thread(target=settle)

@@ -174,9 +174,11 @@ def test_purging_beside_a_running_tick_loses_no_active_run_and_ends_at_the_bound
             for i in range(40):
                 now = T0 + sec(10 * i)
                 for run in store.tick(entries, now, RNG, 100).emitted:
-                    assert store.start_run(run.id, worker="w", process="w:1", now=now, max_run_time=None)
+                    assert store.run_life.start_run(
+                        run.id, worker="w", process="w:1", now=now, max_run_time=None
+                    )
                     if i % 2:  # every other tick leaves its run active for a while
-                        assert store.settle_run(run.id, RunState.COMPLETED, now=now + sec(1))
+                        assert store.run_life.settle_run(run.id, RunState.COMPLETED, now=now + sec(1))
                 ticking.set()
         except BaseException as exc:
             errors.append(exc)
@@ -216,13 +218,13 @@ def test_a_purge_batch_holds_no_lock_the_tick_or_a_settle_needs(postgres_url: st
         store.sync_config(entries.values(), T0, RNG)
         history(store, "a", 6, start=T0 - timedelta(days=1))
         (first,) = store.tick(entries, T0, RNG, 100).emitted
-        assert store.start_run(first.id, worker="w", process="w:1", now=T0, max_run_time=None)
+        assert store.run_life.start_run(first.id, worker="w", process="w:1", now=T0, max_run_time=None)
         outcome: dict[str, Any] = {}
 
         def beside() -> None:
             try:
                 outcome["emitted"] = len(store.tick(entries, T0 + sec(10), RNG, 100).emitted)
-                outcome["settled"] = store.settle_run(first.id, RunState.COMPLETED, now=T0 + sec(11))
+                outcome["settled"] = store.run_life.settle_run(first.id, RunState.COMPLETED, now=T0 + sec(11))
             except BaseException as exc:
                 outcome["error"] = exc
 

@@ -45,14 +45,14 @@ def emit(store: Store, now: datetime = T0) -> str:
 
 
 def begin(store: Store, run_id: str, process: str, at: datetime = T0) -> Begun:
-    return store.begin_run(run_id, worker="w", process=process, now=at, max_run_time=None)
+    return store.run_life.begin_run(run_id, worker="w", process=process, now=at, max_run_time=None)
 
 
 def test_the_first_delivery_records_the_start_and_a_second_learns_who_started_it(store: Store) -> None:
     """begin_run: the first call starts the run; a second (another delivery) changes nothing and
     is told the state, process and start of the first."""
     run_id = emit(store)
-    store.heartbeat("h:1", "h", 1, T0)
+    store.run_life.heartbeat("h:1", "h", 1, T0)
     assert begin(store, run_id, "h:1") == Begun(first=True)
     again = begin(store, run_id, "h:2", T0 + timedelta(seconds=1))
     assert again == Begun(first=False, state="started", process="h:1", started_at=T0, heartbeat_at=T0)
@@ -65,8 +65,8 @@ def test_take_over_moves_a_started_run_once(store: Store) -> None:
     """Two redeliveries continuing a run whose first process died: only the first takes it."""
     run_id = emit(store)
     begin(store, run_id, "h:1")
-    assert store.take_over_run(run_id, worker="w2", process="h:2", previous="h:1")
-    assert not store.take_over_run(run_id, worker="w3", process="h:3", previous="h:1")
+    assert store.run_life.take_over_run(run_id, worker="w2", process="h:2", previous="h:1")
+    assert not store.run_life.take_over_run(run_id, worker="w3", process="h:3", previous="h:1")
     run = store.run(run_id)
     assert run is not None and run.process == "h:2"
 
@@ -101,7 +101,7 @@ def test_a_second_delivery_runs_only_when_the_first_process_can_no_longer_run_it
     process is gone (a continuation, which takes the run over); else it is skipped, the run kept."""
     run_id = emit(store, utcnow() - timedelta(seconds=5))
     now = utcnow()
-    store.heartbeat(first_process, "x", 1, now - timedelta(seconds=heartbeat_age))
+    store.run_life.heartbeat(first_process, "x", 1, now - timedelta(seconds=heartbeat_age))
     begin(store, run_id, first_process, now - timedelta(seconds=2))
     tracker = _tracker(store, monkeypatch)
     assert tracker.begin(run_id, "w2", None) is runs
@@ -128,7 +128,7 @@ def test_a_delivery_of_a_run_already_settled_after_its_start_does_not_run(
     """A duplicate arriving after the first delivery completed the run: skipped."""
     run_id = emit(store, utcnow() - timedelta(seconds=5))
     begin(store, run_id, "elsewhere:1", utcnow() - timedelta(seconds=2))
-    store.settle_run(run_id, RunState.COMPLETED, now=utcnow())
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=utcnow())
     assert _tracker(store, monkeypatch).begin(run_id, "w2", None) is False
 
 
@@ -144,7 +144,7 @@ def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_e
         asked.append(run_id)
         raise OperationalError("begin", {}, ConnectionError("the database is away"))
 
-    monkeypatch.setattr(store, "begin_run", away)
+    monkeypatch.setattr(store.run_life, "begin_run", away)
     assert tracker.begin("r1", "w", None) is True
     assert tracker.begin("r2", "w", None) is True
     assert asked == ["r1"]
@@ -157,7 +157,7 @@ def test_with_the_check_turned_off_every_delivery_runs_and_starts_are_written_be
     and a second delivery runs too (the cheaper write-behind of earlier versions)."""
     tracker = _tracker(store, monkeypatch)
     tracker.app.conf.boundedbeat_skip_duplicate_deliveries = False
-    monkeypatch.setattr(store, "begin_run", lambda *a, **k: pytest.fail("begin_run was called"))
+    monkeypatch.setattr(store.run_life, "begin_run", lambda *a, **k: pytest.fail("begin_run was called"))
     assert tracker.begin("r1", "w", None) is True
     assert tracker.begin("r1", "w", None) is True
 

@@ -57,7 +57,9 @@ def test_a_revoke_stamped_by_an_earlier_clock_never_finishes_a_run_before_it_was
 def test_an_outcome_stamped_before_its_start_finishes_the_run_after_it(store: Store) -> None:
     """A worker batch whose outcome time is earlier than the start another clock stamped."""
     run_id = emit(store, T0)
-    store.start_run(run_id, worker="w", process="h:1", now=T0 + timedelta(seconds=2), max_run_time=None)
+    store.run_life.start_run(
+        run_id, worker="w", process="h:1", now=T0 + timedelta(seconds=2), max_run_time=None
+    )
     outcome = OutcomeReport(
         run_id=run_id, state=RunState.COMPLETED, at=T0 + timedelta(seconds=1), error=None, stop=False
     )

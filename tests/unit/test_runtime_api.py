@@ -106,8 +106,8 @@ def run_once(app: Celery, store: Store, name: str, outcome: RunState = RunState.
     emitted = tick(app, store, due)
     assert len(emitted) == 1, emitted
     run_id = emitted[0][0]
-    assert store.start_run(run_id, worker="w@host", process="host:1", now=due, max_run_time=None)
-    assert store.settle_run(run_id, outcome, now=due + sec(0.5)) is not None
+    assert store.run_life.start_run(run_id, worker="w@host", process="host:1", now=due, max_run_time=None)
+    assert store.run_life.settle_run(run_id, outcome, now=due + sec(0.5)) is not None
     return run_id
 
 
@@ -472,11 +472,11 @@ def test_remove_without_revoke_lets_active_runs_finish_and_be_recorded(
     due = row(store, "x").next_due_at
     assert due is not None
     ((run_id, _at),) = tick(app, store, due)
-    store.start_run(run_id, worker="w@host", process="host:1", now=due, max_run_time=None)
+    store.run_life.start_run(run_id, worker="w@host", process="host:1", now=due, max_run_time=None)
     assert remove_schedule(app, "x") is True
     run = store.run(run_id)
     assert run is not None and run.state == "started"
-    settled = store.settle_run(run_id, RunState.COMPLETED, now=due + sec(1))
+    settled = store.run_life.settle_run(run_id, RunState.COMPLETED, now=due + sec(1))
     assert settled is not None and settled.state is RunState.COMPLETED
     assert revoked == []
 
@@ -490,7 +490,7 @@ def test_remove_with_revoke_active_settles_every_active_run_revoked(
     grid = row(store, "x").next_due_at
     assert grid is not None
     ((started, _), (queued, _)) = [*tick(app, store, grid), *tick(app, store, grid + sec(10))]
-    store.start_run(started, worker="w@host", process="host:1", now=grid, max_run_time=None)
+    store.run_life.start_run(started, worker="w@host", process="host:1", now=grid, max_run_time=None)
     before_remove = utcnow()
     assert remove_schedule(app, "x", revoke_active=True) is True
     states = {r.id: (r.state, r.error) for r in history(app, name="x")}
@@ -505,8 +505,8 @@ def test_remove_with_revoke_active_settles_every_active_run_revoked(
     assert count(store, QueueRow) == 0
     assert revoked == [(sorted([started, queued]), {"terminate": True})]
     # The worker's own report of the terminated task comes later and changes nothing.
-    assert store.settle_run(started, RunState.REVOKED, now=utcnow()) is None
-    assert store.settle_run(started, RunState.COMPLETED, now=utcnow()) is None
+    assert store.run_life.settle_run(started, RunState.REVOKED, now=utcnow()) is None
+    assert store.run_life.settle_run(started, RunState.COMPLETED, now=utcnow()) is None
 
 
 def test_remove_schedule_revoking_returns_the_ids_it_revoked(

@@ -209,7 +209,7 @@ def test_status_shows_origin_and_why_an_ended_schedule_stopped_and_resume_refuse
     (row,) = store.schedules(["once"])
     assert row.next_due_at is not None
     (emitted,) = store.tick(Resolver(app, {}), row.next_due_at, RNG, 10).emitted
-    store.settle_run(emitted.id, RunState.COMPLETED, now=utcnow())
+    store.run_life.settle_run(emitted.id, RunState.COMPLETED, now=utcnow())
     shown = status(app)["once"]
     assert {
         k: shown[k] for k in ("origin", "version", "grid_runs", "stopped", "stop_reason", "pause_reason")

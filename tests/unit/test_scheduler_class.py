@@ -69,7 +69,7 @@ def test_retention_purges_old_settled_runs_from_the_beat_loop(sqlite_url: str) -
             row.grid_at = old
         emitted = store.tick({"keep": spec}, old, rng, 10).emitted
         assert len(emitted) == 1
-        store.settle_run(emitted[0].id, RunState.COMPLETED, now=old + timedelta(seconds=1))
+        store.run_life.settle_run(emitted[0].id, RunState.COMPLETED, now=old + timedelta(seconds=1))
         scheduler.tick()  # takes the lease, which wakes the retention thread
         deadline = time.monotonic() + 10
         while store.run(emitted[0].id) is not None and time.monotonic() < deadline:
@@ -402,7 +402,7 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
     tick has unwound: by then no row of it is locked."""
     import psycopg
 
-    import celery_boundedbeat.db.store as store_module
+    import celery_boundedbeat.db.tick as tick_module
 
     app = _app(
         postgres_url,
@@ -414,7 +414,7 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
     scheduler.tick()  # lease, first look (emits x)
     plain = postgres_url.replace("postgresql+psycopg://", "postgresql://")
     locked_at_close: list[bool] = []
-    real_close_now, real_on_due = scheduler._close_now, store_module.on_due
+    real_close_now, real_on_due = scheduler._close_now, tick_module.on_due
 
     def close_now() -> None:
         with psycopg.connect(plain, autocommit=True) as other:
@@ -430,7 +430,7 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
         raise SystemExit()
 
     monkeypatch.setattr(scheduler, "_close_now", close_now)
-    monkeypatch.setattr(store_module, "on_due", interrupted)
+    monkeypatch.setattr(tick_module, "on_due", interrupted)
     monkeypatch.setattr(scheduler, "_known_due", None)
     monkeypatch.setattr(scheduler, "_stale", True)
     time.sleep(1.1)  # x is due again
@@ -438,7 +438,7 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
         with pytest.raises(SystemExit):
             scheduler.tick()
     finally:
-        monkeypatch.setattr(store_module, "on_due", real_on_due)
+        monkeypatch.setattr(tick_module, "on_due", real_on_due)
         scheduler.close()
     assert locked_at_close == [False], "the close ran while the tick's transaction held its rows"
     assert scheduler._closed

@@ -72,7 +72,9 @@ def emit_one(store: Store, entries: dict[str, EntrySpec], now: datetime = T0) ->
 def start(
     store: Store, run_id: str, now: datetime, *, process: str = "host:1", max_run_time: float | None = None
 ) -> bool:
-    return store.start_run(run_id, worker="celery@host", process=process, now=now, max_run_time=max_run_time)
+    return store.run_life.start_run(
+        run_id, worker="celery@host", process=process, now=now, max_run_time=max_run_time
+    )
 
 
 # -- schedules and ticks ---------------------------------------------------------------
@@ -101,7 +103,7 @@ def test_a_changed_schedule_restarts_its_grid_and_keeps_its_counters(store: Stor
     """Changing an entry's period restarts its grid from now; counters and history survive."""
     entries = setup(store, spec("a", schedule=10))
     run_id = emit_one(store, entries)
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1))
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1))
     changed = setup(store, spec("a", schedule=30), now=T0 + sec(5))
     a = row(store, "a")
     assert (a.period, a.grid_at, a.next_due_at, a.runs) == (30, T0 + sec(5), T0 + sec(5), 1)
@@ -176,7 +178,7 @@ def test_a_stale_beat_cannot_emit_a_tick_twice_and_its_row_fails_alone(store: St
     emit_one_each = store.tick(entries, T0, RNG, 100)
     assert len(emit_one_each.emitted) == 2
     for run in emit_one_each.emitted:
-        store.settle_run(run.id, RunState.COMPLETED, now=T0 + sec(1))
+        store.run_life.settle_run(run.id, RunState.COMPLETED, now=T0 + sec(1))
     # A second beat with a stale view of "a" (its grid rewound) ticks later.
     with store.session() as s:
         s.execute(update(ScheduleRow).where(ScheduleRow.name == "a").values(grid_at=T0, next_due_at=T0))
@@ -417,11 +419,11 @@ def test_start_then_settle_settles_exactly_once(store: Store) -> None:
         "celery@host",
     )
     assert start(store, run_id, T0 + sec(2), process="host:2") is False  # a redelivery
-    settled = store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(3.5))
+    settled = store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(3.5))
     assert settled is not None
     assert (settled.state, settled.schedule, settled.elapsed_ms) == (RunState.COMPLETED, "a", 2500)
-    assert store.settle_run(run_id, RunState.FAILED, now=T0 + sec(4), error="late") is None
-    assert store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(4)) is None
+    assert store.run_life.settle_run(run_id, RunState.FAILED, now=T0 + sec(4), error="late") is None
+    assert store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(4)) is None
     a = row(store, "a")
     assert (a.active_runs, a.runs, a.failures, a.last_elapsed_ms) == (0, 1, 0, 2500)
     run = store.run(run_id)
@@ -440,7 +442,7 @@ def test_concurrent_settles_free_the_slot_once(store: Store) -> None:
 
     def settle(state: RunState) -> None:
         barrier.wait()
-        results.append(store.settle_run(run_id, state, now=T0 + sec(12)))
+        results.append(store.run_life.settle_run(run_id, state, now=T0 + sec(12)))
 
     threads = [
         threading.Thread(target=settle, args=(s,))
@@ -462,7 +464,7 @@ def test_a_failure_keeps_its_error_and_counts_as_failure(store: Store) -> None:
     entries = setup(store, spec("a"))
     run_id = emit_one(store, entries)
     start(store, run_id, T0)
-    store.settle_run(run_id, RunState.FAILED, now=T0 + sec(1), error="ValueError: nope")
+    store.run_life.settle_run(run_id, RunState.FAILED, now=T0 + sec(1), error="ValueError: nope")
     run = store.run(run_id)
     assert run is not None
     assert (run.state, run.error) == ("failed", "ValueError: nope")
@@ -476,7 +478,7 @@ def test_settling_a_fixed_delay_run_makes_the_next_due_a_period_after_it(store: 
     assert row(store, "d").next_due_at is None
     assert store.tick(entries, T0 + sec(100), RNG, 100).emitted == []
     start(store, run_id, T0 + sec(1))
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(101))
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(101))
     assert row(store, "d").next_due_at == T0 + sec(131)
     assert store.tick(entries, T0 + sec(130), RNG, 100).emitted == []
     assert [e.scheduled_for for e in store.tick(entries, T0 + sec(131), RNG, 100).emitted] == [T0 + sec(131)]
@@ -487,7 +489,7 @@ def test_a_stop_settle_stops_the_schedule(store: Store) -> None:
     entries = setup(store, spec("a"))
     run_id = emit_one(store, entries)
     start(store, run_id, T0)
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
     a = row(store, "a")
     assert (a.stopped, a.runs, a.active_runs) == (True, 1, 0)
     assert store.tick(entries, T0 + sec(100), RNG, 100).emitted == []
@@ -498,7 +500,7 @@ def test_a_stopped_schedule_stays_stopped_across_a_restart(store: Store) -> None
     """Re-syncing the same configuration (a beat restart) keeps stop_schedule() in force."""
     entries = setup(store, spec("a"))
     run_id = emit_one(store, entries)
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
     store.sync_config(entries.values(), T0 + sec(50), RNG)
     assert row(store, "a").stopped is True
     assert store.tick(entries, T0 + sec(100), RNG, 100).emitted == []
@@ -510,11 +512,11 @@ def test_reap_marks_runs_of_a_dead_worker_lost(store: Store) -> None:
     runs = {e.schedule: e.id for e in store.tick(entries, T0, RNG, 100).emitted}
     start(store, runs["dead"], T0, process="host:1")
     start(store, runs["alive"], T0, process="host:2")
-    store.heartbeat("host:1", "host", 1, T0)
-    store.heartbeat("host:2", "host", 2, T0)
-    assert store.reap(T0 + sec(9), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
-    store.heartbeat("host:2", "host", 2, T0 + sec(9))
-    settled = store.reap(T0 + sec(10), heartbeat_interval=3, start_timeout=3600, rng=RNG)
+    store.run_life.heartbeat("host:1", "host", 1, T0)
+    store.run_life.heartbeat("host:2", "host", 2, T0)
+    assert store.run_life.reap(T0 + sec(9), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
+    store.run_life.heartbeat("host:2", "host", 2, T0 + sec(9))
+    settled = store.run_life.reap(T0 + sec(10), heartbeat_interval=3, start_timeout=3600, rng=RNG)
     assert [(s.run_id, s.state) for s in settled] == [(runs["dead"], RunState.LOST)]
     assert store.run(runs["alive"]).state == "started"  # type: ignore[union-attr]
     assert row(store, "dead").failures == 1
@@ -526,8 +528,8 @@ def test_reap_marks_a_run_without_any_worker_row_lost(store: Store) -> None:
     entries = setup(store, spec("a"))
     run_id = emit_one(store, entries)
     start(store, run_id, T0, process="gone:9")
-    assert store.reap(T0 + sec(5), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
-    settled = store.reap(T0 + sec(10), heartbeat_interval=3, start_timeout=3600, rng=RNG)
+    assert store.run_life.reap(T0 + sec(5), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
+    settled = store.run_life.reap(T0 + sec(10), heartbeat_interval=3, start_timeout=3600, rng=RNG)
     assert [s.state for s in settled] == [RunState.LOST]
 
 
@@ -536,16 +538,16 @@ def test_reap_times_out_a_run_past_its_deadline(store: Store) -> None:
     entries = setup(store, spec("a", policy={"max_run_time": 5}))
     run_id = emit_one(store, entries)
     start(store, run_id, T0, max_run_time=5)
-    store.heartbeat("host:1", "host", 1, T0 + sec(6))
-    assert store.reap(T0 + sec(4.9), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
-    settled = store.reap(T0 + sec(6), heartbeat_interval=3, start_timeout=3600, rng=RNG)
+    store.run_life.heartbeat("host:1", "host", 1, T0 + sec(6))
+    assert store.run_life.reap(T0 + sec(4.9), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
+    settled = store.run_life.reap(T0 + sec(6), heartbeat_interval=3, start_timeout=3600, rng=RNG)
     assert [(s.run_id, s.state, s.elapsed_ms) for s in settled] == [(run_id, RunState.TIMED_OUT, 6000)]
-    assert store.reap(T0 + sec(7), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
+    assert store.run_life.reap(T0 + sec(7), heartbeat_interval=3, start_timeout=3600, rng=RNG) == []
     a = row(store, "a")
     assert (a.active_runs, a.failures, a.runs) == (0, 1, 0)
     assert store.run(run_id).error == "passed max_run_time"  # type: ignore[union-attr]
     # A late completion signal from the worker changes nothing.
-    assert store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(8)) is None
+    assert store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(8)) is None
     assert row(store, "a").runs == 0
 
 
@@ -555,8 +557,8 @@ def test_reap_rejects_a_published_run_nobody_started(store: Store) -> None:
     run_id = emit_one(store, entries)
     batch = store.claim_batch("d", T0, 10, claim_timeout=60)
     store.mark_published("d", batch, T0 + sec(1))
-    assert store.reap(T0 + sec(60), heartbeat_interval=3, start_timeout=60, rng=RNG) == []
-    settled = store.reap(T0 + sec(62), heartbeat_interval=3, start_timeout=60, rng=RNG)
+    assert store.run_life.reap(T0 + sec(60), heartbeat_interval=3, start_timeout=60, rng=RNG) == []
+    settled = store.run_life.reap(T0 + sec(62), heartbeat_interval=3, start_timeout=60, rng=RNG)
     assert [(s.run_id, s.state) for s in settled] == [(run_id, RunState.REJECTED)]
     assert (row(store, "a").active_runs, row(store, "a").failures) == (0, 1)
     # The worker finally receives it: the run stays rejected.
@@ -628,9 +630,9 @@ def test_purge_deletes_only_old_settled_runs(store: Store) -> None:
     """purge removes settled runs finished before the cutoff and keeps recent and active ones."""
     entries = setup(store, spec("a", policy={"mode": "fixed_rate", "max_concurrency": 5}))
     ids = [emit_one(store, entries, T0 + sec(10 * i)) for i in range(4)]
-    store.settle_run(ids[0], RunState.COMPLETED, now=T0 + sec(100))
-    store.settle_run(ids[1], RunState.FAILED, now=T0 + sec(100), error="x")
-    store.settle_run(ids[2], RunState.COMPLETED, now=T0 + sec(300))
+    store.run_life.settle_run(ids[0], RunState.COMPLETED, now=T0 + sec(100))
+    store.run_life.settle_run(ids[1], RunState.FAILED, now=T0 + sec(100), error="x")
+    store.run_life.settle_run(ids[2], RunState.COMPLETED, now=T0 + sec(300))
     assert store.purge(T0 + sec(200), batch=1) == 2
     assert {r.id for r in store.runs(limit=10)} == {ids[2], ids[3]}
     assert store.purge(T0 + sec(200)) == 0
@@ -639,7 +641,7 @@ def test_purge_deletes_only_old_settled_runs(store: Store) -> None:
 def test_pause_stops_emission_and_resume_rejoins_the_grid(store: Store) -> None:
     """A paused schedule emits nothing; resumed, it rejoins the grid and paused ticks are not skips."""
     entries = setup(store, spec("a"))
-    store.settle_run(emit_one(store, entries), RunState.COMPLETED, now=T0 + sec(1))
+    store.run_life.settle_run(emit_one(store, entries), RunState.COMPLETED, now=T0 + sec(1))
     assert store.set_paused("a", True, T0 + sec(2)) is True
     assert store.tick(entries, T0 + sec(55), RNG, 100).emitted == []
     assert row(store, "a").paused is True
@@ -656,7 +658,7 @@ def test_resume_lifts_a_stop(store: Store) -> None:
     """resume (set_paused False) clears stop_schedule() and the schedule emits again."""
     entries = setup(store, spec("d", policy={"mode": "fixed_delay"}))
     run_id = emit_one(store, entries)
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(1), stop=True)
     assert store.tick(entries, T0 + sec(50), RNG, 100).emitted == []
     store.set_paused("d", False, T0 + sec(50))
     assert row(store, "d").stopped is False
@@ -671,7 +673,7 @@ def test_trigger_runs_once_under_the_concurrency_bound(store: Store) -> None:
     assert store.tick(entries, T0 + sec(5), RNG, 100).emitted == []
     assert row(store, "a").pending_runs == 1
     assert row(store, "a").next_due_at > T0 + sec(5)  # type: ignore[operator]
-    store.settle_run(first, RunState.COMPLETED, now=T0 + sec(6))
+    store.run_life.settle_run(first, RunState.COMPLETED, now=T0 + sec(6))
     emitted = store.tick(entries, T0 + sec(6), RNG, 100).emitted
     assert [e.scheduled_for for e in emitted] == [T0 + sec(5)]
     assert row(store, "a").pending_runs == 0
@@ -693,7 +695,7 @@ def test_a_queued_trigger_is_stored_apart_and_outlives_coalesced_ticks(store: St
         2,
         2,
     )
-    store.settle_run(first, RunState.COMPLETED, now=T0 + sec(31))
+    store.run_life.settle_run(first, RunState.COMPLETED, now=T0 + sec(31))
     assert [e.scheduled_for for e in store.tick(entries, T0 + sec(31), RNG, 100).emitted] == [T0 + sec(1)]
     assert (row(store, "c").triggers, row(store, "c").pending_runs) == ([], 1)
 
@@ -706,7 +708,7 @@ def test_a_refused_trigger_changes_nothing(store: Store, how: str) -> None:
     if how == "paused":
         store.set_paused("a", True, T0 + sec(1))
     elif how == "stopped":
-        store.settle_run(first, RunState.COMPLETED, now=T0 + sec(1), stop=True)
+        store.run_life.settle_run(first, RunState.COMPLETED, now=T0 + sec(1), stop=True)
     else:
         for _ in range(MAX_QUEUED_TRIGGERS):
             store.trigger("a", T0 + sec(1))
@@ -739,10 +741,10 @@ def test_a_trigger_never_reuses_the_time_of_a_run_or_another_trigger(store: Stor
 def test_trigger_on_an_idle_fixed_delay_schedule_runs_once(store: Store) -> None:
     """Triggering an idle fixed-delay schedule emits one run, not a run per settle."""
     entries = setup(store, spec("d", schedule=60, policy={"mode": "fixed_delay"}))
-    store.settle_run(emit_one(store, entries), RunState.COMPLETED, now=T0 + sec(1))
+    store.run_life.settle_run(emit_one(store, entries), RunState.COMPLETED, now=T0 + sec(1))
     store.trigger("d", T0 + sec(10))
     triggered = emit_one(store, entries, T0 + sec(10))
-    store.settle_run(triggered, RunState.COMPLETED, now=T0 + sec(11))
+    store.run_life.settle_run(triggered, RunState.COMPLETED, now=T0 + sec(11))
     assert row(store, "d").next_due_at == T0 + sec(71)
     assert store.tick(entries, T0 + sec(12), RNG, 100).emitted == []
     assert count(store, RunRow) == 2
@@ -760,7 +762,7 @@ def test_timestamps_come_back_as_aware_utc(store: Store) -> None:
     run = store.run(emit_one(store, entries))
     assert run is not None and run.scheduled_for.utcoffset() == timedelta(0)
     with pytest.raises(StatementError, match="timezone-aware"):
-        store.heartbeat("host:1", "host", 1, datetime(2030, 1, 1))
+        store.run_life.heartbeat("host:1", "host", 1, datetime(2030, 1, 1))
 
 
 def test_config_rows_written_in_bulk_equal_a_schedule_added_alone(store: Store) -> None:
@@ -811,7 +813,7 @@ def test_a_run_settled_before_its_publish_was_recorded_is_not_published_after_it
     claimed = store.claim_batch("d", T0, 10, 60)
     assert [c.run_id for c in claimed] == [run_id]
     assert start(store, run_id, T0 + sec(0.2))
-    store.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(0.3))
+    store.run_life.settle_run(run_id, RunState.COMPLETED, now=T0 + sec(0.3))
     store.mark_published("d", claimed, T0 + sec(0.5))
     with store.session() as s:
         run = s.get(RunRow, run_id)

@@ -17,8 +17,9 @@ from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.migrate import upgrade
-from celery_boundedbeat.db.store import REPLACED, Store
+from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
+from celery_boundedbeat.db.tick import REPLACED
 from celery_boundedbeat.ops.metrics import exposition, read_snapshot
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -53,7 +54,7 @@ def row(store: Store, name: str) -> ScheduleRow:
 def started_run(store: Store, entries: dict[str, EntrySpec], now: datetime) -> str:
     emitted = store.tick(entries, now, RNG, 100).emitted
     assert len(emitted) == 1, emitted
-    assert store.start_run(emitted[0].id, worker="w", process="h:1", now=now, max_run_time=None)
+    assert store.run_life.start_run(emitted[0].id, worker="w", process="h:1", now=now, max_run_time=None)
     return emitted[0].id
 
 
@@ -77,12 +78,12 @@ def test_the_replaced_runs_late_outcome_changes_nothing(store: Store) -> None:
     entries = setup(store, spec("r", missed_ticks="replace"))
     old = started_run(store, entries, T0)
     new = store.tick(entries, T0 + sec(10), RNG, 100).emitted[0].id
-    assert store.settle_run(old, RunState.COMPLETED, now=T0 + sec(12), late=True) is None
+    assert store.run_life.settle_run(old, RunState.COMPLETED, now=T0 + sec(12), late=True) is None
     run = store.run(old)
     assert run is not None and (run.state, run.error) == ("revoked", REPLACED)
     r = row(store, "r")
     assert (r.active_runs, r.runs, r.failures) == (1, 0, 1)
-    assert store.settle_run(new, RunState.COMPLETED, now=T0 + sec(13)) is not None
+    assert store.run_life.settle_run(new, RunState.COMPLETED, now=T0 + sec(13)) is not None
     assert (row(store, "r").active_runs, row(store, "r").runs) == (0, 1)
 
 
@@ -144,7 +145,7 @@ def test_resume_with_replay_hands_the_paused_ticks_to_the_policy(store: Store) -
     """Paused over five ticks: plain resume misses them; with replay catch_up runs them in order."""
     entries = setup(store, spec("p", missed_ticks="catch_up", max_pending=10))
     first = started_run(store, entries, T0)
-    store.settle_run(first, RunState.COMPLETED, now=T0 + sec(1))
+    store.run_life.settle_run(first, RunState.COMPLETED, now=T0 + sec(1))
     store.set_paused("p", True, T0 + sec(2))
     assert store.set_paused("p", False, T0 + sec(55), replay=True)
     result = store.tick(entries, T0 + sec(55), RNG, 100)

@@ -23,6 +23,8 @@ class FakeStore:
         self.written: list[tuple[str, RunState, str | None]] = []
         #: (starts, outcomes) of each batch written whole.
         self.batches: list[tuple[list[str], list[str]]] = []
+        #: The run transitions are the store's ``run_life``: here the fake itself.
+        self.run_life = self
 
     def write_many(self, starts: list[StartReport], outcomes: list[OutcomeReport]) -> list[Settled | None]:
         """A batch is one transaction: refused or written whole."""

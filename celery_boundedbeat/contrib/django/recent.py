@@ -13,7 +13,7 @@ from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 
 from ...core.enums import RunState
-from ...db.store import REPLACED
+from ...db.tick import REPLACED
 from .charts import RunPoint
 from .models import Run
 
