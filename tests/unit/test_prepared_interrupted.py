@@ -68,17 +68,27 @@ def _scheduler(url: str, **conf: object) -> Scheduler:
     return scheduler
 
 
-#: Transactions left open (idle, their locks held) when a beat's last drain started.
+#: Transactions left open (idle, their row locks held) when a beat's last drain started.
 OPEN_DURING_DRAIN: dict[Scheduler, int] = {}
 
 
 def open_transactions(scheduler: Scheduler) -> int:
+    """Open transactions that wrote schedules, runs or queue rows: the locks a drain waits on.
+
+    Only writers count (a transaction id and a lock on one of those tables): the beat's other
+    loops run short transactions of their own (the retention pass, five seconds after start,
+    reads and deletes nothing here; the iteration records lock only their own table), and one
+    caught between two statements is no lock the drain could wait on.
+    """
     with scheduler.store.engine.connect() as conn:
         return int(
             conn.execute(
                 text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND state LIKE 'idle in transaction%'"
+                    "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a "
+                    "JOIN pg_locks l ON l.pid = a.pid JOIN pg_class c ON c.oid = l.relation "
+                    "WHERE a.datname = current_database() AND a.state LIKE 'idle in transaction%' "
+                    "AND a.backend_xid IS NOT NULL AND l.granted "
+                    "AND c.relname IN ('boundedbeat_schedules', 'boundedbeat_runs', 'boundedbeat_queue')"
                 )
             ).scalar_one()
         )
