@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from bbtest_admin import RUNS, SCHEDULES, TRACEBACK, add_history, add_run, page
+from helpers.clock import MORNING_T0 as T0
 
 from celery_boundedbeat.contrib.django.charts import (
     STATE_COLOURS,
@@ -24,7 +25,6 @@ from celery_boundedbeat.contrib.django.readable import describe_timing, format_m
 from celery_boundedbeat.store import Store
 
 pytestmark = [pytest.mark.postgres]
-T0 = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
 
 
 def point(n: int, start: float, end: float | None, state: str = "completed") -> RunPoint:

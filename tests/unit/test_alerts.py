@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from sqlalchemy import Engine
 
 from celery_boundedbeat import signals
@@ -21,12 +22,7 @@ from celery_boundedbeat.policy import EntrySpec, Policy, parse_policy
 from celery_boundedbeat.store import Store
 from celery_boundedbeat.ticks import ScheduleState, initial_state, on_due, on_resume, on_settle
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 class Schedule:

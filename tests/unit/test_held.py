@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, text
 
 from celery_boundedbeat.engine import dispose_all, get_engine
@@ -30,7 +31,6 @@ from celery_boundedbeat.migrate import upgrade
 from celery_boundedbeat.schema import ScheduleRow
 from celery_boundedbeat.store import Store
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 #: One value of every kind of column a held row writes back.
 CHANGES: dict[str, Any] = {
     "timing": None,

@@ -14,10 +14,11 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, create_engine, insert, select, update
 from sqlalchemy.pool import NullPool
 
@@ -34,7 +35,6 @@ from celery_boundedbeat.worklog import OutcomeReport, StartReport, write_reports
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RUNS = 300
 ROUNDS = 6
 _ROUND = itertools.count()
