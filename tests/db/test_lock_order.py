@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from helpers.clock import T0
 from sqlalchemy import Engine, create_engine, insert, select, update
-from sqlalchemy.pool import NullPool
 
 from celery_boundedbeat.claims import Claimed
 from celery_boundedbeat.entries import parse_entry
@@ -42,9 +41,7 @@ _ROUND = itertools.count()
 
 @pytest.fixture
 def engine(postgres_url: str) -> Iterator[Engine]:
-    engine = create_engine(
-        postgres_url, poolclass=NullPool, connect_args={"options": "-c deadlock_timeout=20ms"}
-    )
+    engine = create_engine(postgres_url, connect_args={"options": "-c deadlock_timeout=20ms"})
     upgrade(engine)
     yield engine
     engine.dispose()
