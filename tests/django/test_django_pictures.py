@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from bbtest_admin import RUNS, SCHEDULES, TRACEBACK, add_history, add_run, page
+from helpers.clock import MORNING_T0 as T0
 
 from celery_boundedbeat.contrib.django.charts import (
     STATE_COLOURS,
@@ -24,7 +25,6 @@ from celery_boundedbeat.core.words import describe_timing, format_ms
 from celery_boundedbeat.db.store import Store
 
 pytestmark = [pytest.mark.postgres]
-T0 = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
 
 
 def point(n: int, start: float, end: float | None, state: str = "completed") -> RunPoint:
@@ -229,7 +229,7 @@ def test_counts_call_only_failed_runs_failed(store: Store, client_as: Any) -> No
     revoked and other revoked runs have their own words, and one overlap is "1 overlap"."""
     from sqlalchemy import update
 
-    from celery_boundedbeat.db.store import REPLACED
+    from celery_boundedbeat.db.tick import REPLACED
     from celery_boundedbeat.db.tables import ScheduleRow
 
     now = datetime.now(UTC)

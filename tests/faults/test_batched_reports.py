@@ -15,11 +15,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from helpers.clock import T0, sec
 from sqlalchemy import Engine, select
 
 from celery_boundedbeat.config.entries import parse_entry
@@ -35,14 +35,9 @@ from celery_boundedbeat.worker.report_writer import ReportProcess, ReportsRefuse
 from celery_boundedbeat.worker.tracking import Tracker
 from celery_boundedbeat.worker.worklog import Beat, OutcomeReport, StartReport, write_reports
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SCHEDULES = 3
 TICKS = 4
 OUTCOMES = [RunState.COMPLETED, RunState.FAILED, RunState.TIMED_OUT, RunState.REVOKED, RunState.REJECTED]
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import itertools
 import logging
 import random
 import threading
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from helpers.clock import T0, sec
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -30,12 +30,7 @@ from celery_boundedbeat.worker.tracking import Tracker
 
 from .support import free_port
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(7)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 @pytest.fixture

@@ -129,6 +129,23 @@ class AppModule:
     module: str
     queue: str
     events_path: Path
+    #: The source last written and the database URL it configures (``None``: never written).
+    written: tuple[str, Any] | None = None
+
+    def database_url(self) -> str | None:
+        """The database URL the module on disk uses, when it is known here.
+
+        Known when the module is the one last written here (extra tasks may be appended) and its
+        URL is a plain string; ``None`` when a test wrote the module itself or the URL is ``Raw``.
+        """
+        if self.written is None:
+            return None
+        source, url = self.written
+        try:
+            on_disk = (self.tmp / f"{self.module}.py").read_text()
+        except FileNotFoundError:
+            return None
+        return url if isinstance(url, str) and on_disk.startswith(source) else None
 
     def settings(self, conf: Mapping[str, Any]) -> dict[str, Any]:
         """The Celery settings every test's app has, updated with the test's own."""
@@ -158,6 +175,7 @@ class AppModule:
         )
         path = self.tmp / f"{self.module}.py"
         path.write_text(source)
+        self.written = (source, self.settings(conf)["boundedbeat_database_url"])
         for cached in self.tmp.glob(f"__pycache__/{self.module}*"):
             cached.unlink()
         return self.module

@@ -35,7 +35,9 @@ class Harness:
         self.events_path = tmp / "events.jsonl"
         names = {"tmp": tmp, "module": self.module, "queue": self.queue}
         self.app = AppModule(backend=backend, events_path=self.events_path, **names)
-        self.processes = Processes(uid=self.uid, migrates=backend.is_postgres, **names)
+        self.processes = Processes(
+            uid=self.uid, migrates=backend.is_postgres, known_url=self._own_database_url, **names
+        )
         self.db = Reads(backend, tmp, describe=self.diagnostics)
         # The parts' own methods, under the names the tests use.
         self.write_app = self.app.write
@@ -56,6 +58,11 @@ class Harness:
         self.schedules = self.db.schedules
         self.schedule = self.db.schedule
         self.books = self.db.books
+
+    def _own_database_url(self) -> str | None:
+        """The backend's database URL when the app module uses exactly that one (no proxy)."""
+        url = self.app.database_url()
+        return url if url == self.backend.database_url else None
 
     def intervals(self, name: str | None = None) -> list[TaskInterval]:
         """Task-recorded runs (paired start/end lines), by start time."""

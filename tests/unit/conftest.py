@@ -1,2 +1,2 @@
-"""Unit-suite fixtures: the database fixtures (``db_url``, ``engine``, ``migrated``) are shared
-with the other suites in ``tests/conftest.py``."""
+"""The unit suite opens no database: the tests that do are in ``tests/db``, and the database
+fixtures (``db_url``, ``engine``, ``migrated``) are shared by every suite in ``tests/conftest.py``."""

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.beats import BACKFILL_RNG as RNG
+from helpers.beats import BackfillBeat
+from helpers.clock import T0, sec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_boundedbeat.core.backfill import (
     BACKFILL_CAP,
-    Backfilled,
     BackfillRefused,
     as_utc,
     grid_times,
@@ -20,23 +21,10 @@ from celery_boundedbeat.core.backfill import (
     without_taken,
 )
 from celery_boundedbeat.core.due import on_due
-from celery_boundedbeat.core.enums import RunState, StopReason
+from celery_boundedbeat.core.enums import StopReason
 from celery_boundedbeat.core.policy import Policy, parse_policy
-from celery_boundedbeat.core.ticks import (
-    BACKFILL_PER_TICK,
-    Emission,
-    ScheduleState,
-    on_config_change,
-    on_settle,
-)
+from celery_boundedbeat.core.ticks import BACKFILL_PER_TICK, ScheduleState, on_config_change
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-RNG = random.Random(0)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def parse(raw: dict[str, Any] | None = None, **kwargs: Any) -> Policy:
@@ -48,64 +36,6 @@ def parse(raw: dict[str, Any] | None = None, **kwargs: Any) -> Policy:
 
 def every_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0) + timedelta(minutes=1)
-
-
-def queued(decided: Backfilled | BackfillRefused) -> Backfilled:
-    assert isinstance(decided, Backfilled), decided
-    return decided
-
-
-class Beat:
-    """A fake beat for one interval schedule whose grid runs every ``period`` seconds from T0."""
-
-    def __init__(self, policy: Policy, period: float = 10.0, now: datetime | None = None) -> None:
-        now = now or T0 + sec(100)
-        self.policy = policy
-        self.timing = IntervalTiming(period)
-        self.period = period
-        self.now = now
-        # The grid started at T0 and the beat has handled every tick up to ``now``.
-        after = int((now - T0).total_seconds() // period) + 1
-        grid = T0 + sec(period) * after
-        self.state = ScheduleState(grid_at=grid, next_due_at=grid)
-        self.active: list[Emission] = []
-        self.emitted: list[Emission] = []
-        self.max_active = 0
-
-    def backfill(self, start: datetime, end: datetime, runs: tuple[datetime, ...] = ()) -> Backfilled:
-        decided = queued(
-            on_backfill(
-                self.policy, self.timing, self.state, start, end, self.now, paused=False, run_times=runs
-            )
-        )
-        self.state = decided.state
-        return decided
-
-    def look(self) -> list[Emission]:
-        due = self.state.next_due_at
-        if due is None or due > self.now:
-            return []
-        outcome = on_due(self.policy, self.timing, self.state, self.now, RNG)
-        self.state = outcome.state
-        self.active.extend(outcome.emit)
-        self.emitted.extend(outcome.emit)
-        assert self.state.active_runs == len(self.active)
-        self.max_active = max(self.max_active, len(self.active))
-        return list(outcome.emit)
-
-    def finish_all(self) -> None:
-        while self.active:
-            self.active.pop(0)
-            self.state = on_settle(
-                self.policy,
-                self.state,
-                outcome=RunState.COMPLETED,
-                elapsed_ms=5,
-                now=self.now,
-                stop=False,
-                gap_s=self.period,
-                rng=RNG,
-            )
 
 
 def test_interval_grid_times_are_the_grid_extended_back_oldest_first_bounds_included() -> None:
@@ -151,7 +81,7 @@ def test_a_years_long_range_of_a_one_second_grid_is_refused_without_walking_it()
 
 def test_times_that_have_runs_or_already_wait_are_not_queued_and_are_counted() -> None:
     """Grid times with a run count as had_runs; pending, triggered or backfilled ones as waiting."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}))
+    beat = BackfillBeat(parse({"missed_ticks": "coalesce_latest"}))
     beat.state = ScheduleState(
         grid_at=beat.state.grid_at, next_due_at=beat.state.grid_at, pending=(T0 + sec(60),)
     )
@@ -168,7 +98,7 @@ def test_times_that_have_runs_or_already_wait_are_not_queued_and_are_counted() -
 
 def test_backfilled_runs_start_oldest_first_one_at_a_time_without_overlap() -> None:
     """fixed_rate_no_overlap: one backfilled run at a time, oldest first, the next at each settle."""
-    beat = Beat(parse({}))
+    beat = BackfillBeat(parse({}))
     beat.backfill(T0 + sec(10), T0 + sec(40))
     started: list[datetime] = []
     for _ in range(4):
@@ -184,7 +114,7 @@ def test_backfilled_runs_start_oldest_first_one_at_a_time_without_overlap() -> N
 
 def test_fixed_rate_starts_as_many_backfilled_runs_as_slots_are_free() -> None:
     """fixed_rate with max_concurrency 3 starts three at once, the rest as slots free."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3}))
+    beat = BackfillBeat(parse({"mode": "fixed_rate", "max_concurrency": 3}))
     beat.backfill(T0 + sec(10), T0 + sec(50))
     assert [e.scheduled_for for e in beat.look()] == [T0 + sec(s) for s in (10, 20, 30)]
     assert beat.look() == []
@@ -195,7 +125,7 @@ def test_fixed_rate_starts_as_many_backfilled_runs_as_slots_are_free() -> None:
 
 def test_a_live_grid_tick_due_with_backfill_waiting_goes_first() -> None:
     """At a grid tick the live run takes the free slot; the backfill waits for its settle."""
-    beat = Beat(parse({}))
+    beat = BackfillBeat(parse({}))
     beat.backfill(T0 + sec(10), T0 + sec(20))
     beat.now = beat.state.grid_at or beat.now
     live = beat.look()
@@ -206,7 +136,7 @@ def test_a_live_grid_tick_due_with_backfill_waiting_goes_first() -> None:
 
 def test_one_tick_starts_at_most_the_per_tick_bound_and_stays_due() -> None:
     """A wide bound starts BACKFILL_PER_TICK in one tick; the schedule stays due for the rest."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 500}), period=1.0, now=T0 + sec(400))
+    beat = BackfillBeat(parse({"mode": "fixed_rate", "max_concurrency": 500}), period=1.0, now=T0 + sec(400))
     beat.backfill(T0 + sec(1), T0 + sec(250))
     assert len(beat.look()) == BACKFILL_PER_TICK
     assert beat.state.next_due_at == beat.now
@@ -217,7 +147,7 @@ def test_one_tick_starts_at_most_the_per_tick_bound_and_stays_due() -> None:
 
 def test_backfilled_runs_do_not_count_toward_max_runs() -> None:
     """With max_runs 2 the schedule still ends after two grid runs, whatever was backfilled."""
-    beat = Beat(parse({"max_runs": 2}))
+    beat = BackfillBeat(parse({"max_runs": 2}))
     beat.backfill(T0 + sec(10), T0 + sec(30))
     for _ in range(3):
         assert beat.look()[0].backfilled
@@ -232,7 +162,7 @@ def test_backfilled_runs_do_not_count_toward_max_runs() -> None:
 
 def test_backfill_queued_before_the_end_still_runs_and_the_schedule_then_stops() -> None:
     """Ending with backfill waiting: the waiting times start as slots free, then it shows stopped."""
-    beat = Beat(parse({"max_runs": 1}))
+    beat = BackfillBeat(parse({"max_runs": 1}))
     beat.backfill(T0 + sec(10), T0 + sec(20))
     beat.now = beat.state.grid_at or beat.now
     assert [e.backfilled for e in beat.look()] == [False]  # the last allowed grid run
@@ -285,7 +215,7 @@ def test_a_reversed_or_future_range_is_refused_naming_end(start: datetime, end: 
 
 def test_more_waiting_than_the_cap_is_refused() -> None:
     """A schedule keeps at most BACKFILL_CAP backfilled times waiting, across calls."""
-    beat = Beat(parse({}), period=1.0, now=T0 + sec(3 * BACKFILL_CAP))
+    beat = BackfillBeat(parse({}), period=1.0, now=T0 + sec(3 * BACKFILL_CAP))
     beat.backfill(T0, T0 + sec(BACKFILL_CAP - 1))
     decided = on_backfill(
         beat.policy, beat.timing, beat.state, T0 + sec(BACKFILL_CAP), T0 + sec(BACKFILL_CAP),
@@ -305,7 +235,7 @@ def test_naive_bounds_are_utc_and_unreadable_ones_are_named() -> None:
 
 def test_a_taken_run_key_gives_its_slot_back_and_keeps_the_schedule_due() -> None:
     """without_taken drops the emissions whose time had a run and frees their slots."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 2}))
+    beat = BackfillBeat(parse({"mode": "fixed_rate", "max_concurrency": 2}))
     beat.backfill(T0 + sec(10), T0 + sec(30))
     outcome = on_due(beat.policy, beat.timing, beat.state, beat.now, RNG)
     assert [e.scheduled_for for e in outcome.emit] == [T0 + sec(10), T0 + sec(20)]
@@ -318,7 +248,7 @@ def test_a_taken_run_key_gives_its_slot_back_and_keeps_the_schedule_due() -> Non
 
 def test_an_ended_schedule_whose_last_backfilled_time_was_taken_shows_stopped() -> None:
     """Nothing active or waiting after the taken time is given back: the ended schedule stops."""
-    beat = Beat(parse({"max_runs": 1}))
+    beat = BackfillBeat(parse({"max_runs": 1}))
     beat.backfill(T0 + sec(10), T0 + sec(10))
     beat.now = beat.state.grid_at or beat.now
     beat.look()  # the last grid run
@@ -358,7 +288,7 @@ def test_backfill_emits_exactly_the_missing_grid_times_oldest_first_within_the_b
     """Whatever the range and the runs already there: every missing grid time runs once, in order,
     never more active than the bound, and the counts add up to the grid times in the range."""
     raw: dict[str, Any] = {"mode": "fixed_rate", "max_concurrency": concurrency} if concurrency > 1 else {}
-    beat = Beat(parse(raw), period=5.0, now=T0 + sec(200))
+    beat = BackfillBeat(parse(raw), period=5.0, now=T0 + sec(200))
     start, end = T0 + sec(start_s), T0 + sec(start_s + width_s)
     runs = tuple(T0 + sec(5 * i) for i in had)
     decided = beat.backfill(start, end, runs)

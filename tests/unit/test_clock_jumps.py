@@ -10,10 +10,11 @@ sleeping out the step.
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,13 +25,8 @@ from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.ticks import ScheduleState, TickOutcome, initial_state, on_settle
 from celery_boundedbeat.core.timing import IntervalTiming
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 PERIOD = 10.0
 GRID = IntervalTiming(PERIOD)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def policy(**raw: Any) -> Policy:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from celery.schedules import crontab, solar
+from helpers.clock import T0 as MIDNIGHT
 
 from celery_boundedbeat.api.dcb_source import CLOCKED_PERIOD, map_task
 from celery_boundedbeat.api.importing import Incoming, Refused
 from celery_boundedbeat.api.redbeat_source import map_entry
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+T0 = MIDNIGHT + timedelta(hours=12)  # noon of the shared day: calendar cases read better
 
 
 def rows(task: dict[str, Any], **schedules: dict[str, Any]) -> tuple[dict[str, Any], Any]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from helpers.clock import T0
 
 from celery_boundedbeat.db.lease import LEASE_NAME, LeaseEvent, LeaseKeeper
-
-T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 class Outage(Exception):

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery.schedules import crontab
+from helpers.clock import T0 as MIDNIGHT
+from helpers.clock import sec
 
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.due import on_due
@@ -20,12 +22,8 @@ from celery_boundedbeat.core.ticks import (
     on_resume,
 )
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+T0 = MIDNIGHT + timedelta(hours=12)  # noon of the shared day: calendar cases read better
 RNG = random.Random(0)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def spec(schedule: Any, **policy: Any) -> EntrySpec:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.beats import TickBeat
+from helpers.clock import T0, sec
 
 from celery_boundedbeat.core.due import on_due
 from celery_boundedbeat.core.enums import Mode, RunState
@@ -15,24 +17,16 @@ from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import (
     MAX_QUEUED_TRIGGERS,
-    Emission,
     ScheduleState,
     Triggered,
     TriggerRefused,
-    initial_state,
     jitter_delay,
     on_config_change,
     on_resume,
     on_settle,
     on_trigger,
 )
-from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
+from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
 
 def parse(raw: dict[str, Any] | None = None, **kwargs: Any) -> Policy:
@@ -42,88 +36,12 @@ def parse(raw: dict[str, Any] | None = None, **kwargs: Any) -> Policy:
     return policy
 
 
-@dataclass
-class Beat:
-    """A fake beat: a fake clock, the policy functions, and the runs they emitted."""
-
-    policy: Policy
-    period: float
-    timing: Timing | None = None
-    now: datetime = T0
-    rng: random.Random = field(default_factory=lambda: random.Random(7))
-    state: ScheduleState = field(init=False)
-    active: list[Emission] = field(default_factory=list)
-    emitted: list[Emission] = field(default_factory=list)
-    max_active: int = 0
-    paused: bool = False
-
-    def __post_init__(self) -> None:
-        if self.timing is None:
-            self.timing = IntervalTiming(self.period)
-        self.state = initial_state(self.policy, self.timing, self.now, self.rng)
-
-    def look(self) -> list[Emission]:
-        """What the beat does when it wakes: handle the schedule if it is due."""
-        assert self.timing is not None
-        due = self.state.next_due_at
-        if due is None or due > self.now:
-            return []
-        outcome = on_due(self.policy, self.timing, self.state, self.now, self.rng)
-        self.state = outcome.state
-        self.active.extend(outcome.emit)
-        self.emitted.extend(outcome.emit)
-        assert self.state.active_runs == len(self.active)
-        self.max_active = max(self.max_active, len(self.active))
-        return list(outcome.emit)
-
-    def advance(self, seconds: float) -> list[Emission]:
-        self.now += sec(seconds)
-        return self.look()
-
-    def step(self, seconds: float, times: int) -> list[Emission]:
-        """Advance in steps of ``seconds``, the beat looking after every step."""
-        out: list[Emission] = []
-        for _ in range(times):
-            out.extend(self.advance(seconds))
-        return out
-
-    def finish(
-        self, outcome: RunState = RunState.COMPLETED, *, stop: bool = False, oldest: bool = True
-    ) -> Emission:
-        """Settle one active run now (the oldest by default) and let the beat look again."""
-        run = self.active.pop(0 if oldest else -1)
-        self.state = on_settle(
-            self.policy,
-            self.state,
-            outcome=outcome,
-            elapsed_ms=int((self.now - run.scheduled_for).total_seconds() * 1000),
-            now=self.now,
-            stop=stop,
-            gap_s=self.period,
-            rng=self.rng,
-        )
-        assert self.state.active_runs == len(self.active)
-        return run
-
-    def trigger(self) -> Triggered | TriggerRefused:
-        """What ``Store.trigger`` does to the state: one queued trigger due now, or a refusal."""
-        newest = max((e.scheduled_for for e in self.emitted), default=None)
-        decided = on_trigger(self.state, self.now, paused=self.paused, last_run_at=newest)
-        if isinstance(decided, Triggered):
-            self.state = decided.state
-        return decided
-
-    def ticks_accounted(self) -> int:
-        """Grid runs emitted + skips + pending ticks: every grid tick passed is exactly one of them."""
-        return sum(not e.triggered for e in self.emitted) + self.state.skips + len(self.state.pending)
-
-
 # -- fixed delay ---------------------------------------------------------------------------
 
 
 def test_fixed_delay_waits_for_the_first_delay_and_then_for_each_completion() -> None:
     """The first run is due after initial_delay, nothing while it runs, the next `period` after it ends."""
-    beat = Beat(parse({"mode": "fixed_delay", "initial_delay": 2}), period=3)
+    beat = TickBeat(parse({"mode": "fixed_delay", "initial_delay": 2}), period=3)
     assert beat.look() == []
     assert beat.advance(1.999) == []
     first = beat.advance(0.001)
@@ -145,7 +63,7 @@ def test_fixed_delay_waits_for_the_first_delay_and_then_for_each_completion() ->
 
 def test_fixed_delay_counts_from_the_finish_whatever_the_outcome() -> None:
     """A failed run also schedules the next one `period` after it finished."""
-    beat = Beat(parse({"mode": "fixed_delay"}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_delay"}), period=10)
     beat.look()
     beat.advance(4)
     beat.finish(RunState.FAILED)
@@ -155,7 +73,7 @@ def test_fixed_delay_counts_from_the_finish_whatever_the_outcome() -> None:
 
 def test_a_controlled_schedule_ends_after_a_stop() -> None:
     """A run that settles with stop=True leaves the schedule stopped; nothing more is emitted."""
-    beat = Beat(parse({"mode": "fixed_delay"}), period=1)
+    beat = TickBeat(parse({"mode": "fixed_delay"}), period=1)
     calls = len(beat.look())
     for _ in range(5):
         if beat.active:
@@ -175,7 +93,7 @@ def test_a_controlled_schedule_ends_after_a_stop() -> None:
 
 def test_a_stopped_fixed_rate_schedule_emits_nothing() -> None:
     """stop=True on a grid schedule also ends its emissions, pending runs included."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "coalesce_latest"}), period=1)
     beat.look()
     beat.advance(1)
     assert len(beat.state.pending) == 1
@@ -186,7 +104,7 @@ def test_a_stopped_fixed_rate_schedule_emits_nothing() -> None:
 
 def test_a_timed_out_run_releases_its_slot_once_and_counts_as_a_failure() -> None:
     """A run settled timed_out frees its one slot and counts as a failure; the next run is then due."""
-    beat = Beat(parse({"mode": "fixed_delay", "max_run_time": 1}), period=1)
+    beat = TickBeat(parse({"mode": "fixed_delay", "max_run_time": 1}), period=1)
     beat.look()
     beat.advance(1)  # the deadline passes: the reaper settles it
     beat.finish(RunState.TIMED_OUT)
@@ -202,7 +120,7 @@ def test_a_timed_out_run_releases_its_slot_once_and_counts_as_a_failure() -> Non
 
 def test_coalesced_serial_schedule_never_exceeds_one_active_and_one_pending_run() -> None:
     """With coalesce_latest busy ticks keep one pending run and skip the rest; it starts when a slot frees."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "coalesce_latest"}), period=1)
     assert len(beat.look()) == 1
     for _ in range(5):
         assert beat.advance(1) == []
@@ -223,7 +141,7 @@ def test_coalesced_serial_schedule_never_exceeds_one_active_and_one_pending_run(
 
 def test_overlapping_runs_stay_within_the_policy_bound() -> None:
     """fixed_rate with max_concurrency=2 overlaps once, then skips ticks while both slots are busy."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 2}), period=1)
+    beat = TickBeat(parse({"mode": "fixed_rate", "max_concurrency": 2}), period=1)
     for _ in range(5):
         beat.advance(1)
     assert beat.max_active == 2
@@ -238,7 +156,7 @@ def test_overlapping_runs_stay_within_the_policy_bound() -> None:
 
 def test_overlap_is_flagged_on_the_emission_that_overlaps() -> None:
     """Only a run started while another is active is marked as an overlap."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
     first = beat.look()
     second = beat.advance(10)
     assert [e.overlap for e in first + second] == [False, True]
@@ -252,7 +170,7 @@ def test_overlap_is_flagged_on_the_emission_that_overlaps() -> None:
 
 def test_a_late_tick_skips_the_missed_grid_ticks_and_runs_the_latest() -> None:
     """35 s late on a 10 s grid counts 4 ticks: the latest runs, 3 are skips, the grid moves 4 periods."""
-    beat = Beat(parse({}), period=10)
+    beat = TickBeat(parse({}), period=10)
     beat.now = T0 + sec(35)
     started = beat.look()
     assert [e.scheduled_for for e in started] == [T0 + sec(30)]
@@ -265,7 +183,7 @@ def test_a_late_tick_skips_the_missed_grid_ticks_and_runs_the_latest() -> None:
 
 def test_a_late_tick_starts_as_many_runs_as_slots_are_free() -> None:
     """fixed_rate with 3 slots, 5 ticks late: three start, each with its own grid time, two are skipped."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
     beat.now = T0 + sec(45)
     started = beat.look()
     assert sorted(e.scheduled_for for e in started) == [T0 + sec(20), T0 + sec(30), T0 + sec(40)]
@@ -276,7 +194,7 @@ def test_a_late_tick_starts_as_many_runs_as_slots_are_free() -> None:
 
 def test_a_late_coalesced_tick_keeps_exactly_one_pending_run() -> None:
     """Coalesce while busy: six missed ticks leave one pending run (the latest) and five skips."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "coalesce_latest"}), period=1)
     beat.look()
     beat.now = T0 + sec(6)
     assert beat.look() == []
@@ -286,7 +204,7 @@ def test_a_late_coalesced_tick_keeps_exactly_one_pending_run() -> None:
 
 def test_catch_up_never_holds_more_than_max_pending() -> None:
     """catch_up keeps at most max_pending pending runs, oldest first; the excess is counted as skips."""
-    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
     beat.look()
     for n in range(1, 6):
         beat.advance(1)
@@ -302,7 +220,7 @@ def test_catch_up_never_holds_more_than_max_pending() -> None:
 
 def test_a_late_catch_up_tick_starts_the_oldest_and_keeps_the_next_oldest() -> None:
     """10 ticks late with catch_up: the oldest runs, the next max_pending wait, the rest are skips."""
-    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
     beat.now = T0 + sec(10)
     assert [e.scheduled_for for e in beat.look()] == [T0]
     assert beat.state.pending == (T0 + sec(1), T0 + sec(2))
@@ -312,7 +230,7 @@ def test_a_late_catch_up_tick_starts_the_oldest_and_keeps_the_next_oldest() -> N
 
 def test_pending_runs_start_before_newer_ticks_when_a_slot_frees() -> None:
     """A slot freed just before a grid tick goes to the oldest pending run, not to the new tick."""
-    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 3}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "catch_up", "max_pending": 3}), period=1)
     beat.look()
     beat.step(1, 2)
     assert beat.state.pending == (T0 + sec(1), T0 + sec(2))
@@ -326,7 +244,7 @@ def test_pending_runs_start_before_newer_ticks_when_a_slot_frees() -> None:
 
 def test_a_drained_pending_run_leaves_the_next_due_time_on_the_grid() -> None:
     """After a pending run starts between grid ticks, the schedule is next due on the grid, not before."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=60)
+    beat = TickBeat(parse({"missed_ticks": "coalesce_latest"}), period=60)
     beat.look()
     beat.advance(60)
     assert len(beat.state.pending) == 1
@@ -339,7 +257,7 @@ def test_a_drained_pending_run_leaves_the_next_due_time_on_the_grid() -> None:
 
 def test_a_trigger_while_busy_does_not_leave_the_schedule_due_in_the_past() -> None:
     """A triggered run waiting for a busy slot does not keep the schedule due (the beat would spin)."""
-    beat = Beat(parse({}), period=60)
+    beat = TickBeat(parse({}), period=60)
     beat.look()
     beat.advance(5)
     beat.trigger()
@@ -353,7 +271,7 @@ def test_a_trigger_while_busy_does_not_leave_the_schedule_due_in_the_past() -> N
 
 def test_a_trigger_on_an_idle_fixed_delay_schedule_runs_once() -> None:
     """Triggering an idle fixed-delay schedule starts exactly one extra run, then the delay resumes."""
-    beat = Beat(parse({"mode": "fixed_delay"}), period=60)
+    beat = TickBeat(parse({"mode": "fixed_delay"}), period=60)
     beat.look()
     beat.advance(1)
     beat.finish()
@@ -370,7 +288,7 @@ def test_a_trigger_on_an_idle_fixed_delay_schedule_runs_once() -> None:
 
 def test_a_trigger_on_a_busy_fixed_delay_schedule_runs_once_after_it() -> None:
     """Triggering a running fixed-delay schedule runs once after the active run, then waits `period`."""
-    beat = Beat(parse({"mode": "fixed_delay"}), period=60)
+    beat = TickBeat(parse({"mode": "fixed_delay"}), period=60)
     beat.look()
     beat.advance(5)
     beat.trigger()
@@ -392,7 +310,7 @@ def every_minute(t: datetime) -> datetime:
 
 def test_a_calendar_schedule_skips_missed_ticks_like_an_interval() -> None:
     """A crontab-like schedule 3 minutes late runs the latest tick and skips the others."""
-    beat = Beat(parse({}, schedule_kind="crontab"), period=60, timing=CalendarTiming(every_minute))
+    beat = TickBeat(parse({}, schedule_kind="crontab"), period=60, timing=CalendarTiming(every_minute))
     beat.now = T0 + sec(190)
     assert [e.scheduled_for for e in beat.look()] == [T0 + sec(180)]
     assert beat.state.skips == 3
@@ -477,7 +395,7 @@ def test_jitter_is_bounded_by_a_tenth_of_the_period() -> None:
 
 def test_jitter_delays_due_times_but_never_moves_the_grid() -> None:
     """With jitter, runs are due a little after their grid time but keep that exact time as scheduled_for."""
-    beat = Beat(parse({"jitter": 100}), period=10)
+    beat = TickBeat(parse({"jitter": 100}), period=10)
     assert beat.state.grid_at == T0
     assert T0 <= beat.state.next_due_at <= T0 + sec(1)  # type: ignore[operator]
     delays = []
@@ -498,7 +416,7 @@ def test_jitter_delays_due_times_but_never_moves_the_grid() -> None:
 
 def test_fixed_delay_jitter_is_added_after_the_delay() -> None:
     """A fixed-delay schedule with jitter is due between finish + period and finish + period * 1.1."""
-    beat = Beat(parse({"mode": "fixed_delay", "jitter": 5}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_delay", "jitter": 5}), period=10)
     for _ in range(20):
         due = beat.state.next_due_at
         assert due is not None
@@ -513,7 +431,7 @@ def test_fixed_delay_jitter_is_added_after_the_delay() -> None:
 def test_a_rate_schedule_without_a_grid_anchors_on_the_next_tick_without_emitting() -> None:
     """A resumed calendar schedule (grid cleared) rejoins its grid at the next tick: no missed ticks."""
     import random
-    from datetime import UTC, datetime, timedelta
+    from datetime import datetime, timedelta
 
     from celery_boundedbeat.core.due import on_due
     from celery_boundedbeat.core.policy import Policy
@@ -553,7 +471,7 @@ def test_a_trigger_queues_one_run_apart_and_never_delays_an_earlier_due_time() -
 
 def test_a_trigger_on_a_busy_coalescing_schedule_survives_missed_ticks() -> None:
     """Missed ticks on a busy coalesce_latest schedule never replace a queued trigger, and each is counted."""
-    beat = Beat(parse({"missed_ticks": "coalesce_latest"}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "coalesce_latest"}), period=1)
     beat.look()
     beat.advance(0.5)
     assert isinstance(beat.trigger(), Triggered)
@@ -574,7 +492,7 @@ def test_a_trigger_on_a_busy_coalescing_schedule_survives_missed_ticks() -> None
 
 def test_queued_triggers_go_before_pending_ticks_and_leave_them_their_room() -> None:
     """Triggers take the next free slot before catch_up's pending ticks, and do not use up max_pending."""
-    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
+    beat = TickBeat(parse({"missed_ticks": "catch_up", "max_pending": 2}), period=1)
     beat.look()
     beat.advance(0.25)
     beat.trigger()
@@ -598,7 +516,7 @@ def test_queued_triggers_go_before_pending_ticks_and_leave_them_their_room() -> 
 
 def test_queued_triggers_are_bounded_and_the_one_past_the_bound_is_refused() -> None:
     """At most MAX_QUEUED_TRIGGERS wait; one more is refused with a reason, and accepted once one started."""
-    beat = Beat(parse({}), period=3600)
+    beat = TickBeat(parse({}), period=3600)
     beat.look()
     for _ in range(MAX_QUEUED_TRIGGERS):
         assert isinstance(beat.trigger(), Triggered)
@@ -624,7 +542,7 @@ def test_a_trigger_on_a_paused_or_stopped_schedule_is_refused(paused: bool, stop
 
 def test_a_triggered_run_is_scheduled_for_the_trigger_time() -> None:
     """An idle grid schedule runs a trigger at once, with the trigger time as scheduled_for, off the grid."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 2}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_rate", "max_concurrency": 2}), period=10)
     beat.look()
     beat.finish()
     beat.advance(3.5)
@@ -651,7 +569,7 @@ def test_triggers_in_one_microsecond_get_distinct_times() -> None:
 
 def test_a_trigger_at_the_time_of_a_tick_not_handled_yet_does_not_share_its_time() -> None:
     """A trigger made at the exact time of an overdue grid tick runs 1 µs later, beside that tick's run."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
+    beat = TickBeat(parse({"mode": "fixed_rate", "max_concurrency": 3}), period=10)
     beat.look()
     beat.finish()
     beat.now = T0 + sec(20)  # the beat is late: ticks at 10 and 20 are due, not handled yet

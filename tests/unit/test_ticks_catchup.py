@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,12 +25,7 @@ from celery_boundedbeat.core.ticks import (
 )
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def parse(**raw: Any) -> Policy:

@@ -10,38 +10,30 @@ run is emitted and shows ``stopped`` with its ``stop_reason`` once nothing of it
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 from celery.schedules import crontab
+from helpers.beats import EndingBeat
+from helpers.clock import T0, sec
 
 from celery_boundedbeat.config.entries import timing_for
 from celery_boundedbeat.core.due import on_due
-from celery_boundedbeat.core.enums import Mode, RunState, StopReason
+from celery_boundedbeat.core.enums import Mode, StopReason
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import (
-    Emission,
     ScheduleState,
     Triggered,
     TriggerRefused,
-    first_state,
     on_config_change,
     on_resume,
-    on_settle,
-    on_trigger,
     resume_refusal,
 )
 from celery_boundedbeat.core.timing import IntervalTiming, Timing
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def parse(raw: dict[str, Any], *, kind: str = "interval") -> Policy:
@@ -67,77 +59,6 @@ def cron_timing(cron: crontab, zone: str = "UTC") -> Timing:
     return timing
 
 
-@dataclass
-class Beat:
-    """A fake beat driving one schedule's state through the pure functions, as the store does."""
-
-    policy: Policy
-    timing: Timing
-    gap_s: float = 10.0
-    now: datetime = T0
-    rng: random.Random = field(default_factory=lambda: random.Random(3))
-    state: ScheduleState = field(init=False)
-    active: list[Emission] = field(default_factory=list)
-    emitted: list[Emission] = field(default_factory=list)
-    skipped: int = 0
-
-    def __post_init__(self) -> None:
-        spec = EntrySpec(
-            name="entry",
-            task="proj.task",
-            policy=self.policy,
-            timing=self.timing,
-            schedule_repr="grid",
-            period=self.gap_s,
-        )
-        self.state = first_state(spec, self.now, self.rng)
-
-    def look(self) -> list[Emission]:
-        """``Store.tick``: a due, not stopped schedule is handed to ``on_due``."""
-        due = self.state.next_due_at
-        if self.state.stopped or due is None or due > self.now:
-            return []
-        before = self.state
-        outcome = on_due(self.policy, self.timing, before, self.now, self.rng)
-        assert outcome.state.skips - before.skips == outcome.skipped
-        self.skipped += outcome.skipped
-        self.state = outcome.state
-        self.active.extend(outcome.emit)
-        self.emitted.extend(outcome.emit)
-        assert self.state.active_runs == len(self.active) <= self.policy.limit
-        return list(outcome.emit)
-
-    def at(self, seconds: float) -> list[Emission]:
-        """Move the clock to ``T0 + seconds`` and look."""
-        self.now = T0 + sec(seconds)
-        return self.look()
-
-    def finish(self, outcome: RunState = RunState.COMPLETED, *, stop: bool = False) -> None:
-        """Settle the oldest active run now."""
-        self.active.pop(0)
-        self.state = on_settle(
-            self.policy,
-            self.state,
-            outcome=outcome,
-            elapsed_ms=1,
-            now=self.now,
-            stop=stop,
-            gap_s=self.gap_s,
-            rng=self.rng,
-        )
-        assert self.state.active_runs == len(self.active)
-
-    def trigger(self) -> Triggered | TriggerRefused:
-        newest = max((e.scheduled_for for e in self.emitted), default=None)
-        decided = on_trigger(self.state, self.now, paused=False, last_run_at=newest)
-        if isinstance(decided, Triggered):
-            self.state = decided.state
-        return decided
-
-    def grid_times(self) -> list[datetime]:
-        return [e.scheduled_for for e in self.emitted if not e.triggered]
-
-
 def times(*seconds: float) -> list[datetime]:
     return [T0 + sec(s) for s in seconds]
 
@@ -147,7 +68,7 @@ def times(*seconds: float) -> list[datetime]:
 
 def test_max_runs_ends_a_no_overlap_schedule_after_its_last_run_settles() -> None:
     """With max_runs 2 the second run ends the schedule; it shows stopped (max_runs) once that run settles."""
-    beat = Beat(parse({"max_runs": 2}), IntervalTiming(10))
+    beat = EndingBeat(parse({"max_runs": 2}), IntervalTiming(10))
     assert [e.scheduled_for for e in beat.at(0)] == times(0)
     beat.finish()
     assert not beat.state.ended and beat.state.grid_runs == 1
@@ -171,7 +92,7 @@ def test_max_runs_ends_a_no_overlap_schedule_after_its_last_run_settles() -> Non
 
 def test_max_runs_caps_several_fixed_rate_runs_started_in_one_tick() -> None:
     """A late fixed_rate tick passing 5 ticks with 3 free slots and max_runs 2 starts exactly 2, then ends."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3, "max_runs": 2}), IntervalTiming(10))
+    beat = EndingBeat(parse({"mode": "fixed_rate", "max_concurrency": 3, "max_runs": 2}), IntervalTiming(10))
     emitted = beat.at(45)  # ticks 0, 10, 20, 30 and 40 passed
     assert [e.scheduled_for for e in emitted] == times(30, 40)
     assert (beat.state.active_runs, beat.state.grid_runs, beat.state.skips) == (2, 2, 3)
@@ -185,7 +106,7 @@ def test_max_runs_caps_several_fixed_rate_runs_started_in_one_tick() -> None:
 
 def test_max_runs_counts_fixed_rate_runs_across_ticks_and_overlaps() -> None:
     """fixed_rate, max_concurrency 3, max_runs 4: a run per tick while slots are free; the 4th run ends it."""
-    beat = Beat(parse({"mode": "fixed_rate", "max_concurrency": 3, "max_runs": 4}), IntervalTiming(10))
+    beat = EndingBeat(parse({"mode": "fixed_rate", "max_concurrency": 3, "max_runs": 4}), IntervalTiming(10))
     for second in (0, 10, 20):
         assert len(beat.at(second)) == 1
     assert beat.at(30) == [] and beat.state.skips == 1  # three active: the tick at 30 is skipped
@@ -201,7 +122,9 @@ def test_max_runs_counts_fixed_rate_runs_across_ticks_and_overlaps() -> None:
 
 def test_catch_up_pending_ticks_count_when_they_start_and_are_skipped_when_the_end_comes() -> None:
     """Pending catch_up ticks count toward max_runs as they start; those left at the end are skips."""
-    beat = Beat(parse({"missed_ticks": "catch_up", "max_pending": 3, "max_runs": 3}), IntervalTiming(10))
+    beat = EndingBeat(
+        parse({"missed_ticks": "catch_up", "max_pending": 3, "max_runs": 3}), IntervalTiming(10)
+    )
     beat.at(0)
     for second in (10, 20, 30):
         assert beat.at(second) == []
@@ -229,7 +152,7 @@ def test_catch_up_backlog_found_late_starts_only_what_max_runs_allows() -> None:
         "max_pending": 5,
         "max_runs": 3,
     }
-    beat = Beat(parse(raw), IntervalTiming(10))
+    beat = EndingBeat(parse(raw), IntervalTiming(10))
     emitted = beat.at(55)  # ticks 0..50: six passed, two slots
     assert [e.scheduled_for for e in emitted] == times(0, 10)
     assert beat.state.pending == tuple(times(20, 30, 40, 50)) and not beat.state.ended
@@ -241,7 +164,7 @@ def test_catch_up_backlog_found_late_starts_only_what_max_runs_allows() -> None:
 
 def test_max_runs_ends_a_fixed_delay_schedule() -> None:
     """A fixed_delay schedule with max_runs 2 runs twice, then shows stopped (max_runs), never due again."""
-    beat = Beat(parse({"mode": "fixed_delay", "max_runs": 2}), IntervalTiming(10))
+    beat = EndingBeat(parse({"mode": "fixed_delay", "max_runs": 2}), IntervalTiming(10))
     assert len(beat.at(0)) == 1
     beat.at(4)
     beat.finish()
@@ -259,7 +182,7 @@ def test_max_runs_ends_a_fixed_delay_schedule() -> None:
 
 def test_end_at_on_an_interval_grid_runs_the_tick_at_the_end_and_nothing_after() -> None:
     """end_at at T0+25 s on a 10 s grid runs 0, 10 and 20; the run at 20 ends the schedule."""
-    beat = Beat(parse({"end_at": T0 + sec(25)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 + sec(25)}), IntervalTiming(10))
     for second in (0, 10):
         beat.at(second)
         beat.finish()
@@ -274,7 +197,7 @@ def test_end_at_on_an_interval_grid_runs_the_tick_at_the_end_and_nothing_after()
 
 def test_a_tick_exactly_at_end_at_is_run() -> None:
     """A grid tick at end_at itself is not after it: it runs and is the last."""
-    beat = Beat(parse({"end_at": T0 + sec(20)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 + sec(20)}), IntervalTiming(10))
     for second in (0, 10, 20):
         beat.at(second)
         beat.finish()
@@ -284,7 +207,7 @@ def test_a_tick_exactly_at_end_at_is_run() -> None:
 
 def test_ticks_after_end_at_found_late_are_neither_run_nor_skipped() -> None:
     """A beat back after end_at runs the last tick before the end, skips earlier ones, ignores later ones."""
-    beat = Beat(parse({"end_at": T0 + sec(35)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 + sec(35)}), IntervalTiming(10))
     beat.at(0)
     beat.finish()
     emitted = beat.at(95)  # ticks 10..90 passed; only 10, 20 and 30 are before the end
@@ -297,7 +220,7 @@ def test_ticks_after_end_at_found_late_are_neither_run_nor_skipped() -> None:
 
 def test_busy_ticks_before_end_at_are_skips_and_the_ones_after_are_not_counted() -> None:
     """A long run spanning end_at: ticks it blocks before the end are skips, none after the end is counted."""
-    beat = Beat(parse({"end_at": T0 + sec(25)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 + sec(25)}), IntervalTiming(10))
     beat.at(0)
     assert beat.at(10) == [] and beat.at(20) == []
     assert beat.state.skips == 2 and beat.state.stop_reason is StopReason.END_AT
@@ -313,7 +236,7 @@ def test_end_at_on_a_crontab_grid_in_another_time_zone() -> None:
     local = [datetime(2030, 6, 3, hour, tzinfo=berlin) for hour in (9, 10, 11)]
     timing = cron_timing(crontab(minute=0, hour="9-12"), "Europe/Berlin")
     end_at = datetime(2030, 6, 3, 11, tzinfo=berlin)
-    beat = Beat(parse({"end_at": end_at}, kind="crontab"), timing, gap_s=3600, now=start)
+    beat = EndingBeat(parse({"end_at": end_at}, kind="crontab"), timing, gap_s=3600, now=start)
     assert beat.state.grid_at == local[0].astimezone(UTC) == datetime(2030, 6, 3, 7, tzinfo=UTC)
     for tick in local:
         beat.now = tick
@@ -329,7 +252,7 @@ def test_a_late_crontab_tick_after_end_at_counts_only_the_ticks_before_the_end()
     """A crontab beat back after end_at runs the last tick before the end; later ticks are not skips."""
     start = datetime(2030, 6, 3, 10, 0, tzinfo=UTC)
     timing = cron_timing(crontab(minute="*/15"))
-    beat = Beat(
+    beat = EndingBeat(
         parse({"end_at": start + timedelta(minutes=40)}, kind="crontab"), timing, gap_s=900, now=start
     )
     beat.look()
@@ -342,7 +265,7 @@ def test_a_late_crontab_tick_after_end_at_counts_only_the_ticks_before_the_end()
 
 def test_end_at_in_the_past_at_creation_emits_nothing_and_stops() -> None:
     """A schedule created after its end_at emits no run and shows stopped (end_at) at its first look."""
-    beat = Beat(parse({"end_at": T0 - sec(1)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 - sec(1)}), IntervalTiming(10))
     assert beat.look() == []
     assert (beat.state.stopped, beat.state.stop_reason, beat.state.next_due_at) == (
         True,
@@ -354,14 +277,14 @@ def test_end_at_in_the_past_at_creation_emits_nothing_and_stops() -> None:
 
 def test_end_at_in_the_past_at_creation_of_a_fixed_delay_schedule_emits_nothing() -> None:
     """A fixed_delay schedule whose end_at already passed emits nothing and shows stopped (end_at)."""
-    beat = Beat(parse({"mode": "fixed_delay", "end_at": T0 - sec(1)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"mode": "fixed_delay", "end_at": T0 - sec(1)}), IntervalTiming(10))
     assert beat.look() == []
     assert (beat.state.stopped, beat.state.stop_reason) == (True, StopReason.END_AT)
 
 
 def test_end_at_ends_a_fixed_delay_schedule_when_its_next_due_time_is_past_the_end() -> None:
     """fixed_delay with end_at: the settle that would make it due after the end stops it instead."""
-    beat = Beat(parse({"mode": "fixed_delay", "end_at": T0 + sec(20)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"mode": "fixed_delay", "end_at": T0 + sec(20)}), IntervalTiming(10))
     beat.at(0)
     beat.at(5)
     beat.finish()  # next due at 15: before the end
@@ -383,7 +306,7 @@ def test_end_at_ends_a_fixed_delay_schedule_when_its_next_due_time_is_past_the_e
 
 def test_triggered_runs_do_not_count_toward_max_runs() -> None:
     """A triggered run between grid runs leaves max_runs 2 room for two grid runs."""
-    beat = Beat(parse({"max_runs": 2}), IntervalTiming(10))
+    beat = EndingBeat(parse({"max_runs": 2}), IntervalTiming(10))
     beat.at(0)
     beat.finish()
     beat.now = T0 + sec(3)
@@ -397,7 +320,7 @@ def test_triggered_runs_do_not_count_toward_max_runs() -> None:
 
 def test_a_trigger_queued_before_the_end_still_runs_and_the_schedule_stops_after_it() -> None:
     """A trigger waiting for a slot when end_at ends the schedule still runs; stopped comes after it."""
-    beat = Beat(parse({"end_at": T0 + sec(15)}), IntervalTiming(10))
+    beat = EndingBeat(parse({"end_at": T0 + sec(15)}), IntervalTiming(10))
     beat.at(0)
     beat.now = T0 + sec(1)
     assert isinstance(beat.trigger(), Triggered)
@@ -416,7 +339,7 @@ def test_a_trigger_queued_before_the_end_still_runs_and_the_schedule_stops_after
 @pytest.mark.parametrize("still_active", [True, False])
 def test_a_trigger_on_an_ended_schedule_is_refused(still_active: bool) -> None:
     """Once ended (whether or not its last run still runs), a trigger is refused naming the end."""
-    beat = Beat(parse({"max_runs": 1}), IntervalTiming(10))
+    beat = EndingBeat(parse({"max_runs": 1}), IntervalTiming(10))
     beat.at(0)
     if not still_active:
         beat.finish()
@@ -430,7 +353,7 @@ def test_a_trigger_on_an_ended_schedule_is_refused(still_active: bool) -> None:
 def test_resume_refuses_an_ended_schedule() -> None:
     """resume_refusal names the end of a schedule max_runs or end_at ended."""
     for raw, reason in (({"max_runs": 1}, "max_runs"), ({"end_at": T0 + sec(5)}, "end_at")):
-        beat = Beat(parse(raw), IntervalTiming(10))
+        beat = EndingBeat(parse(raw), IntervalTiming(10))
         beat.at(0)
         beat.finish()
         assert beat.state.stopped
@@ -440,7 +363,7 @@ def test_resume_refuses_an_ended_schedule() -> None:
 
 def test_resume_after_stop_schedule_is_allowed_and_clears_the_reason() -> None:
     """A schedule stopped by stop_schedule() resumes; stop_reason is cleared and it runs again on its grid."""
-    beat = Beat(parse({"max_runs": 5}), IntervalTiming(10))
+    beat = EndingBeat(parse({"max_runs": 5}), IntervalTiming(10))
     beat.at(0)
     beat.finish(stop=True)
     assert (beat.state.stopped, beat.state.stop_reason) == (True, StopReason.STOP_SCHEDULE)
@@ -454,7 +377,7 @@ def test_resume_after_stop_schedule_is_allowed_and_clears_the_reason() -> None:
 
 def test_stop_schedule_in_the_last_run_keeps_the_ended_reason() -> None:
     """stop_schedule() in the last run max_runs allows keeps stop_reason max_runs (resume refuses)."""
-    beat = Beat(parse({"max_runs": 1}), IntervalTiming(10))
+    beat = EndingBeat(parse({"max_runs": 1}), IntervalTiming(10))
     beat.at(0)
     beat.finish(stop=True)
     assert (beat.state.stopped, beat.state.stop_reason) == (True, StopReason.MAX_RUNS)
@@ -464,8 +387,8 @@ def test_stop_schedule_in_the_last_run_keeps_the_ended_reason() -> None:
 # -- reviving with a new end -----------------------------------------------------------------
 
 
-def ended_after(raw: dict[str, Any], seconds: tuple[float, ...]) -> Beat:
-    beat = Beat(parse(raw), IntervalTiming(10))
+def ended_after(raw: dict[str, Any], seconds: tuple[float, ...]) -> EndingBeat:
+    beat = EndingBeat(parse(raw), IntervalTiming(10))
     for second in seconds:
         beat.at(second)
         beat.finish()
@@ -473,7 +396,7 @@ def ended_after(raw: dict[str, Any], seconds: tuple[float, ...]) -> Beat:
     return beat
 
 
-def change(beat: Beat, raw: dict[str, Any], now: datetime, *, period: float = 10) -> ScheduleState:
+def change(beat: EndingBeat, raw: dict[str, Any], now: datetime, *, period: float = 10) -> ScheduleState:
     """What ``update_schedule`` does: the changed definition applied with ``on_config_change``."""
     spec = interval_spec(raw, period)
     newest = max(e.scheduled_for for e in beat.emitted)

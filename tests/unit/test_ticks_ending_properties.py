@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from helpers.clock import T0
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +38,6 @@ from celery_boundedbeat.core.ticks import (
 )
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TERMINAL = [s for s in RunState if s.terminal]
 SECOND = 1_000_000
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from helpers.clock import T0
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,6 @@ from celery_boundedbeat.core.ticks import (
 )
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming, Timing
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TERMINAL = [s for s in RunState if s.terminal]
 #: Seconds between ticks: interval periods, and the steps of a calendar aligned on T0.
 INTERVALS = (1.0, 2.5, 7.0)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from helpers.clock import T0, sec
 
 from celery_boundedbeat.core.timing import CalendarTiming, IntervalTiming
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def every_minute(t: datetime) -> datetime:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -23,12 +24,7 @@ from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def spec(name: str, schedule: float = 10, **raw: Any) -> EntrySpec:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, create_engine, event, insert
 from sqlalchemy.pool import NullPool
 
@@ -19,8 +20,6 @@ from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow
 
 pytestmark = pytest.mark.postgres
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, create_engine, insert, select, update
-from sqlalchemy.pool import NullPool
 
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
@@ -34,7 +34,6 @@ from celery_boundedbeat.worker.worklog import OutcomeReport, StartReport, write_
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RUNS = 300
 ROUNDS = 6
 _ROUND = itertools.count()
@@ -42,9 +41,7 @@ _ROUND = itertools.count()
 
 @pytest.fixture
 def engine(postgres_url: str) -> Iterator[Engine]:
-    engine = create_engine(
-        postgres_url, poolclass=NullPool, connect_args={"options": "-c deadlock_timeout=20ms"}
-    )
+    engine = create_engine(postgres_url, connect_args={"options": "-c deadlock_timeout=20ms"})
     upgrade(engine)
     yield engine
     engine.dispose()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, StatementError
 
@@ -22,12 +23,7 @@ from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def spec(name: str, schedule: Any = 10, **raw: Any) -> EntrySpec:

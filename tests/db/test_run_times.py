@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, update
 
 from celery_boundedbeat.config.entries import parse_entry
@@ -19,7 +20,6 @@ from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow
 from celery_boundedbeat.worker.worklog import OutcomeReport, write_reports
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -22,12 +23,7 @@ from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.db.tick import REPLACED
 from celery_boundedbeat.ops.metrics import exposition, read_snapshot
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(5)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def spec(name: str, schedule: Any = 10, **policy: Any) -> EntrySpec:

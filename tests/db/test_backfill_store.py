@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import random
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
 from celery.schedules import crontab, solar
 from click.testing import CliRunner, Result
+from helpers.clock import sec
 from sqlalchemy import Engine, select
 
 from celery_boundedbeat import (
@@ -34,10 +35,6 @@ from celery_boundedbeat.db.store import Store, utcnow
 from celery_boundedbeat.db.tables import QueueRow, RunRow
 
 RNG = random.Random(5)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 @pytest.fixture

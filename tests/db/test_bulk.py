@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, Table, func, insert, select, text
 from sqlalchemy.exc import StatementError
 
@@ -24,7 +25,6 @@ from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow
 
 QUEUE = cast(Table, QueueRow.__table__)
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 READ_BACK = (
     "SELECT task_id, task, CAST(args AS text), CAST(kwargs AS text), CAST(options AS text), "
     "due_at, enqueued_at, claimed_by, claimed_until, attempts FROM boundedbeat_queue WHERE task_id = :t"

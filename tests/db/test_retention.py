@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0, sec
 from sqlalchemy import Engine, event, select, update
 
 from celery_boundedbeat.config.entries import parse_entry
@@ -20,12 +21,7 @@ from celery_boundedbeat.db.retention import purge_pass, retained
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import RunRow, ScheduleRow
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(11)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 def spec(name: str, **policy: Any) -> EntrySpec:

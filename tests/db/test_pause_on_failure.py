@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine
 
 from celery_boundedbeat.config.entries import parse_entry
@@ -15,8 +16,6 @@ from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.ticks import ScheduleState, on_resume, on_settle
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
-
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def policy(**raw: Any) -> Policy:

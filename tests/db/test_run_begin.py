@@ -7,9 +7,10 @@ import os
 import random
 import socket
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, update
 from sqlalchemy.exc import OperationalError
 
@@ -22,7 +23,6 @@ from celery_boundedbeat.db.store import Store, utcnow
 from celery_boundedbeat.db.tables import ScheduleRow
 from celery_boundedbeat.worker.tracking import Tracker
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(3)
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from helpers.clock import T0
 from sqlalchemy import Engine, select, text
 
 from celery_boundedbeat.config.entries import parse_entry
@@ -23,7 +24,6 @@ from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 ONE = Sql("name = %(name)s")
 ONE_LOCKED = Sql("name = %(name)s FOR UPDATE", sqlite="name = %(name)s")
 #: One value of every kind of column a held row writes back.

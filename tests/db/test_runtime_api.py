@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from celery import Celery
 from celery.schedules import crontab, solar
+from helpers.clock import sec
 from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.exc import ProgrammingError
 
@@ -43,10 +44,6 @@ from celery_boundedbeat.db.store import REMOVED_WITH_REVOKE, SCHEDULES_CHANNEL, 
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
 RNG = random.Random(11)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
 from celery import Celery
+from helpers.clock import T0, sec
 from sqlalchemy import Engine, MetaData, Table, insert, select, text
 
 from celery_boundedbeat import add_schedule, history, remove_schedule, snapshot
@@ -32,11 +33,6 @@ from celery_boundedbeat.db.tables import AlertRow, RunRow, ScheduleRow
 from celery_boundedbeat.worker.worklog import OutcomeReport, write_reports
 
 RNG = random.Random(5)
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-def sec(n: float) -> timedelta:
-    return timedelta(seconds=n)
 
 
 @pytest.fixture

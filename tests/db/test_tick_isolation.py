@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
+from helpers.clock import T0
 from sqlalchemy import Engine, update
 
 from celery_boundedbeat.beat.scheduler import Scheduler
@@ -20,7 +21,6 @@ from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store, TickResult
 from celery_boundedbeat.db.tables import ScheduleRow
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 RNG = random.Random(7)
 
 
