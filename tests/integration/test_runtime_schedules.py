@@ -185,7 +185,7 @@ def test_remove_with_revoke_active_terminates_the_running_task_and_settles_it_re
     r0 = now()
     out = boundedbeat(bb, "remove", "long", "--revoke-active")
     r1 = now()
-    assert out.stdout.strip() == "long: removed", out.stdout
+    assert out.stdout.strip() == "long: removed, 1 run revoked", out.stdout
     (run,) = bb.runs("long")
     assert (run.id, run.state) == (task.id, "revoked"), run.short()
     assert run.error is not None and "removed" in run.error, run.short()
