@@ -229,8 +229,8 @@ def test_counts_call_only_failed_runs_failed(store: Store, client_as: Any) -> No
     revoked and other revoked runs have their own words, and one overlap is "1 overlap"."""
     from sqlalchemy import update
 
-    from celery_boundedbeat.db.tick import REPLACED
     from celery_boundedbeat.db.tables import ScheduleRow
+    from celery_boundedbeat.db.tick import REPLACED
 
     now = datetime.now(UTC)
     for n, (state, error) in enumerate(
