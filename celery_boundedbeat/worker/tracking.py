@@ -95,14 +95,26 @@ _Pending = _PendingStart | _PendingSettle
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one that is not ours to signal exists too)."""
+    """Whether process ``pid`` still runs on this host (one that is not ours to signal counts).
+
+    A process killed but not yet reaped by its parent is a zombie: signalling it succeeds, yet
+    it runs nothing, and its broker connection is already closed, which is exactly when the
+    broker redelivers its message. On Linux its state in ``/proc`` tells the two apart.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[:1]
+    except FileNotFoundError:  # it ended meanwhile, unless there is no /proc (not Linux)
+        return not os.path.isdir("/proc/self")
+    except OSError:
         return True
-    return True
+    return state not in ([b"Z"], [b"X"])
 
 
 def _in_memory(settings: Settings) -> bool:
