@@ -66,6 +66,10 @@ class ScheduleSnapshot:
     #: This incarnation of the name (``boundedbeat_schedules.incarnation``): a schedule removed
     #: and added again under the same name has another one, and its runs settle only onto it.
     incarnation: str | None = None
+    #: Runs emitted again by the ``retry`` policy key (attempts 2..N), apart from ``grid_runs``.
+    retried: int = 0
+    #: Attempts waiting for their backoff or a free slot (also counted in ``pending_runs``).
+    retries_waiting: int = 0
 
     @classmethod
     def from_row(cls, row: ScheduleRow) -> ScheduleSnapshot:
@@ -100,6 +104,8 @@ class ScheduleSnapshot:
             version=row.version or 1,
             timezone=stored_zone(row),
             incarnation=row.incarnation,
+            retried=row.retried or 0,
+            retries_waiting=len(row.retries or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +131,10 @@ class RunRecord:
     error: str | None
     #: The incarnation of ``schedule`` that emitted the run (``None``: from before migration 0009).
     incarnation: str | None = None
+    #: 1 for the first run of its grid time; 2.. for the attempts of the ``retry`` policy key.
+    attempt: int = 1
+    #: The run this one attempts again (``retry``).
+    retry_of: str | None = None
 
     @classmethod
     def from_row(cls, row: RunRow) -> RunRecord:
@@ -143,6 +153,8 @@ class RunRecord:
             worker=row.worker,
             error=row.error,
             incarnation=row.incarnation,
+            attempt=row.attempt or 1,
+            retry_of=row.retry_of,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
 
     Slots only free up in the meantime (only the lease holder starts runs): an outcome that
     emits without skipping, coalescing or keeping anything waiting is the outcome at the due
-    time too. Queued triggers and backfill compete for slots, so their schedules are never
+    time too. Queued triggers, backfill and retries compete for slots, so their schedules are never
     prepared. An outcome that drops a tick (busy, past ``catchup_window``, or from the buffer)
     or revokes a run to replace it is left to the tick at the due time too (``on_due`` is asked
     without runs to revoke here, so ``replace`` never revokes in a prepared tick).
@@ -73,6 +73,8 @@ def certain(before: ScheduleState, outcome: TickOutcome) -> bool:
         and not outcome.state.triggers
         and not before.backfill
         and not outcome.state.backfill
+        and not before.retries
+        and not outcome.state.retries
     )
 
 

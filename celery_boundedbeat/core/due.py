@@ -19,6 +19,7 @@ from .ticks import (
     BACKFILL_PER_TICK,
     MICROSECOND,
     Emission,
+    RetryDue,
     ScheduleState,
     TickOutcome,
     end_reason,
@@ -44,12 +45,14 @@ class _Due:
     pending: list[datetime]
     triggers: list[datetime]
     backfill: list[datetime]
+    retries: list[RetryDue]
     overlaps: int
     skips: int
     drift: int | None
     grid_at: datetime | None
     next_due: datetime | None
     grid_runs: int = 0
+    retried: int = 0
     backfilled: int = 0
     #: Active runs the store could revoke for ``replace`` (it found and locked them).
     revocable: int = 0
@@ -70,12 +73,14 @@ class _Due:
             pending=list(state.pending),
             triggers=list(state.triggers),
             backfill=list(state.backfill),
+            retries=list(state.retries),
             overlaps=state.overlaps,
             skips=state.skips,
             drift=state.last_drift_ms,
             grid_at=state.grid_at,
             next_due=state.next_due_at,
             grid_runs=state.grid_runs,
+            retried=state.retried,
             revocable=revocable,
         )
 
@@ -88,12 +93,20 @@ class _Due:
             return 1 << 62
         return max(self.policy.max_runs - self.grid_runs, 0)
 
-    def reserve(self, scheduled_for: datetime, *, triggered: bool = False, backfilled: bool = False) -> None:
+    def reserve(
+        self,
+        scheduled_for: datetime,
+        *,
+        triggered: bool = False,
+        backfilled: bool = False,
+        retry: RetryDue | None = None,
+    ) -> None:
         """Take a slot for a run of ``scheduled_for`` (an overlap if another is active)."""
         overlap = self.active > 0
         self.overlaps += int(overlap)
         self.active += 1
-        self.grid_runs += int(not triggered and not backfilled)
+        self.grid_runs += int(not triggered and not backfilled and retry is None)
+        self.retried += int(retry is not None)
         drift_ms = ms(self.now - scheduled_for)
         self.emit.append(
             Emission(
@@ -102,8 +115,29 @@ class _Due:
                 overlap=overlap,
                 triggered=triggered,
                 backfilled=backfilled,
+                attempt=1 if retry is None else retry.attempt,
+                retry_of=None if retry is None else retry.retry_of,
             )
         )
+
+    def start_retries(self) -> None:
+        """Retries whose backoff has passed take the free slots first, oldest due first.
+
+        They come before every other waiting run: each is a grid time the schedule already
+        owed and failed to do, and it waited out its backoff.
+        """
+        for retry in sorted(self.retries, key=lambda r: (r.due_at, r.scheduled_for)):
+            if retry.due_at > self.now or not self.has_slot():
+                continue
+            self.retries.remove(retry)
+            self.reserve(retry.scheduled_for, retry=retry)
+
+    def wake_for_retries(self) -> None:
+        """The next due time comes no later than the first retry still in its backoff (one whose
+        backoff passed but found no slot waits for a settle, as every waiting run does)."""
+        later = [r.due_at for r in self.retries if r.due_at > self.now]
+        if later:
+            self.next_due = min(later) if self.next_due is None else min(self.next_due, min(later))
 
     def start_backfill(self) -> None:
         """Backfilled grid times take the slots left, oldest first, at most ``BACKFILL_PER_TICK``."""
@@ -146,12 +180,14 @@ class _Due:
             pending=tuple(self.pending),
             triggers=tuple(self.triggers),
             backfill=tuple(self.backfill),
+            retries=tuple(self.retries),
             grid_at=self.grid_at,
             next_due_at=self.next_due,
             overlaps=self.overlaps,
             skips=self.skips,
             last_drift_ms=self.drift,
             grid_runs=self.grid_runs,
+            retried=self.retried,
             busy_skips=state.busy_skips + self.skipped - self.window_dropped - self.buffer_dropped,
             window_drops=state.window_drops + self.window_dropped,
             buffer_drops=state.buffer_drops + self.buffer_dropped,
@@ -309,6 +345,7 @@ def on_due(
         # The next grid tick (or fixed-delay due time) is past the end: nothing more to emit.
         return ended_if_over(policy, TickOutcome(state=state))
     due = _Due.of(policy, state, now, revocable)
+    due.start_retries()
     if policy.mode is Mode.FIXED_DELAY:
         _due_fixed_delay(due)
     elif due.grid_at is None:
@@ -325,14 +362,17 @@ def on_due(
         due.next_due = due.grid_at + jitter_delay(policy, timing.gap(due.grid_at), rng)
     if due.backfill and due.has_slot():
         due.next_due = now  # more backfill than one tick starts: the next tick goes on at once
+    due.wake_for_retries()
     return ended_if_over(policy, due.outcome(state))
 
 
 def _due_ended(policy: Policy, state: ScheduleState, now: datetime) -> TickOutcome:
     """An ended schedule starts only the triggers and backfill queued before its end, as slots free."""
     due = _Due.of(policy, state, now)
+    due.start_retries()
     while due.triggers and due.has_slot():
         due.reserve(due.triggers.pop(0), triggered=True)
     due.start_backfill()
     due.next_due = now if due.backfill and due.has_slot() else None
+    due.wake_for_retries()
     return ended_if_over(policy, due.outcome(state))

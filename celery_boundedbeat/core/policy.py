@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .enums import MissedTicks, Mode
+from .enums import MissedTicks, Mode, RunState
 
 POLICY_KEYS = frozenset(
     {
@@ -33,6 +33,7 @@ POLICY_KEYS = frozenset(
         "keep_for",
         "timezone",
         "start_at",
+        "retry",
     }
 )
 #: Retention keys, stored only when set: a schedule without them keeps the digest it had
@@ -41,6 +42,54 @@ RETENTION_KEYS = ("keep_runs", "keep_for")
 #: Keys added after schedules were first stored, written only when set for the same reason as
 #: the retention keys.
 OPTIONAL_KEYS = (*RETENTION_KEYS, "timezone", "catchup_window", "start_at")
+
+#: The outcomes ``retry.on`` may name: a run that ended without doing its work. ``completed``
+#: and ``revoked`` (a person or the scheduler chose it) are never retried.
+RETRYABLE = (RunState.LOST, RunState.TIMED_OUT, RunState.REJECTED, RunState.FAILED)
+RETRY_KEYS = ("on", "max_attempts", "backoff", "max_backoff")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retry:
+    """The ``retry`` policy key: run a grid time again after its run ended in one of ``on``.
+
+    ``failed`` is allowed but not the default: a task's own Celery retries come first, and a
+    task that raised usually raises again; a lost or timed-out run says nothing about the task.
+    """
+
+    on: tuple[RunState, ...] = (RunState.LOST, RunState.TIMED_OUT)
+    #: Attempts in all, the first run included (>= 2).
+    max_attempts: int = 3
+    #: Seconds before the second attempt; each later attempt waits twice the one before.
+    backoff: float = 10.0
+    #: The longest wait between attempts (seconds).
+    max_backoff: float = 300.0
+
+    def delay(self, attempt: int) -> timedelta:
+        """The wait before the attempt after ``attempt`` (1 = the first run): doubling, capped."""
+        return timedelta(seconds=min(self.backoff * 2 ** max(attempt - 1, 0), self.max_backoff))
+
+    def wants(self, outcome: RunState, attempt: int) -> bool:
+        """Whether a run that ended ``outcome`` as attempt ``attempt`` is attempted again."""
+        return outcome in self.on and attempt < self.max_attempts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "on": [state.value for state in self.on],
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff,
+            "max_backoff": self.max_backoff,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Retry:
+        return cls(
+            on=tuple(RunState(state) for state in data["on"]),
+            max_attempts=int(data["max_attempts"]),
+            backoff=float(data["backoff"]),
+            max_backoff=float(data["max_backoff"]),
+        )
+
 
 Problem = tuple[str, str, str]
 
@@ -77,6 +126,8 @@ class Policy:
     #: No grid run scheduled before this instant is emitted (aware UTC): an interval grid
     #: starts at it, a calendar skips its fire times before it.
     start_at: datetime | None = None
+    #: Run a grid time again after a lost, timed-out (...) run, inside the concurrency bound.
+    retry: Retry | None = None
 
     @property
     def limit(self) -> int:
@@ -104,6 +155,8 @@ class Policy:
             value = getattr(self, key)
             if value is not None:
                 data[key] = value.isoformat() if isinstance(value, datetime) else value
+        if self.retry is not None:
+            data["retry"] = self.retry.to_json()
         return data
 
     @classmethod
@@ -125,6 +178,7 @@ class Policy:
             keep_for=data.get("keep_for"),
             timezone=data.get("timezone"),
             start_at=None if data.get("start_at") is None else datetime.fromisoformat(data["start_at"]),
+            retry=None if data.get("retry") is None else Retry.from_json(data["retry"]),
         )
 
     @property
@@ -307,6 +361,56 @@ def _check_span(read: _Reader, start_at: datetime | None, end_at: datetime | Non
         )
 
 
+def _check_retry(read: _Reader) -> Retry | None:
+    """``retry``: a dict of :data:`RETRY_KEYS`, each optional, every problem named at once."""
+    raw = read.merged.get("retry")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        read.problem("policy.retry", f"must be a dict (keys {', '.join(RETRY_KEYS)}), got {raw!r}")
+        return None
+    sub = _Reader(read.entry, {f"retry.{k}": v for k, v in raw.items()})
+    for key in sorted(set(map(str, raw)) - set(RETRY_KEYS)):
+        sub.problem(f"policy.retry.{key}", f"unknown retry key (known: {', '.join(RETRY_KEYS)})")
+    on = _retry_states(sub, raw.get("on"))
+    attempts = sub.positive_int("retry.max_attempts")
+    if attempts is not None and attempts < 2:
+        sub.problem("policy.retry.max_attempts", f"must be >= 2 (it counts the first run), got {attempts}")
+    backoff = sub.duration("retry.backoff", allow_zero=True)
+    cap = sub.duration("retry.max_backoff", allow_zero=True)
+    default = Retry()
+    backoff = default.backoff if backoff is None else backoff
+    if cap is not None and cap < backoff:
+        sub.problem("policy.retry.max_backoff", f"must be >= backoff ({backoff:g} s), got {cap:g}")
+    read.problems.extend(sub.problems)
+    if sub.problems:
+        return None
+    return Retry(
+        on=default.on if on is None else on,
+        max_attempts=attempts or default.max_attempts,
+        backoff=backoff,
+        max_backoff=max(default.max_backoff, backoff) if cap is None else cap,
+    )
+
+
+def _retry_states(read: _Reader, raw: Any) -> tuple[RunState, ...] | None:
+    """``retry.on``: a non-empty list of :data:`RETRYABLE` state names."""
+    if raw is None:
+        return None
+    known = ", ".join(state.value for state in RETRYABLE)
+    if isinstance(raw, str) or not isinstance(raw, list | tuple) or not raw:
+        read.problem("policy.retry.on", f"must be a non-empty list of states ({known}), got {raw!r}")
+        return None
+    states = []
+    for value in raw:
+        if value not in {state.value for state in RETRYABLE}:
+            read.problem("policy.retry.on", f"cannot retry on {value!r} (use {known})")
+            continue
+        if RunState(value) not in states:
+            states.append(RunState(value))
+    return tuple(states)
+
+
 def parse_policy(
     entry: str,
     raw: Any,
@@ -327,43 +431,30 @@ def parse_policy(
     read = _Reader(entry, merged)
     for key in sorted(set(merged) - POLICY_KEYS):
         read.problem(f"policy.{key}", f"unknown policy key (known: {', '.join(sorted(POLICY_KEYS))})")
-    mode = read.choice("mode", Mode, Mode.FIXED_RATE_NO_OVERLAP)
-    missed = read.choice("missed_ticks", MissedTicks, MissedTicks.SKIP)
-    max_pending = read.positive_int("max_pending")
-    max_concurrency = read.positive_int("max_concurrency")
-    initial_delay = read.duration("initial_delay", allow_zero=True) or 0.0
-    max_run_time = read.duration("max_run_time", allow_zero=False)
-    jitter = read.duration("jitter", allow_zero=True)
-    end_at = read.instant("end_at")
-    start_at = read.instant("start_at")
-    max_runs = read.positive_int("max_runs")
-    catchup_window = read.duration("catchup_window", allow_zero=False)
-    pause_on_failure = read.positive_int("pause_on_failure")
-    keep_runs = read.positive_int("keep_runs")
-    keep_for = read.duration("keep_for", allow_zero=False)
-    timezone = _check_timezone(read, raw, schedule_kind)
+    values: dict[str, Any] = {
+        "mode": read.choice("mode", Mode, Mode.FIXED_RATE_NO_OVERLAP),
+        "missed_ticks": read.choice("missed_ticks", MissedTicks, MissedTicks.SKIP),
+        "max_pending": read.positive_int("max_pending"),
+        "max_concurrency": read.positive_int("max_concurrency"),
+        "initial_delay": read.duration("initial_delay", allow_zero=True) or 0.0,
+        "max_run_time": read.duration("max_run_time", allow_zero=False),
+        "jitter": read.duration("jitter", allow_zero=True),
+        "end_at": read.instant("end_at"),
+        "start_at": read.instant("start_at"),
+        "max_runs": read.positive_int("max_runs"),
+        "catchup_window": read.duration("catchup_window", allow_zero=False),
+        "pause_on_failure": read.positive_int("pause_on_failure"),
+        "keep_runs": read.positive_int("keep_runs"),
+        "keep_for": read.duration("keep_for", allow_zero=False),
+        "timezone": _check_timezone(read, raw, schedule_kind),
+    }
+    mode, missed = values["mode"], values["missed_ticks"]
     _check_concurrency(read, mode)
     _check_pending(read, missed)
     _check_fixed_delay(read, mode, missed, schedule_kind)
-    _check_window(read, catchup_window, jitter)
-    _check_span(read, start_at, end_at)
+    _check_window(read, values["catchup_window"], values["jitter"])
+    _check_span(read, values["start_at"], values["end_at"])
+    values["retry"] = _check_retry(read)
     if read.problems or mode is None or missed is None:
         return None, read.problems
-    policy = Policy(
-        mode=mode,
-        missed_ticks=missed,
-        max_pending=max_pending,
-        max_concurrency=max_concurrency,
-        initial_delay=initial_delay,
-        max_run_time=max_run_time,
-        jitter=jitter,
-        end_at=end_at,
-        max_runs=max_runs,
-        catchup_window=catchup_window,
-        pause_on_failure=pause_on_failure,
-        keep_runs=keep_runs,
-        keep_for=keep_for,
-        timezone=timezone,
-        start_at=start_at,
-    )
-    return policy, []
+    return Policy(**values), []

@@ -41,6 +41,19 @@ MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RetryDue:
+    """A grid time attempted again after its run ended as ``retry.on`` names (the ``retry`` key)."""
+
+    scheduled_for: datetime
+    #: The attempt this run will be: 2 for the first retry, up to ``retry.max_attempts``.
+    attempt: int
+    #: The run it retries (the attempt before).
+    retry_of: str
+    #: Not before this instant (the backoff after the attempt before ended).
+    due_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleState:
     """What the scheduler remembers about one schedule between ticks (one DB row)."""
 
@@ -53,6 +66,11 @@ class ScheduleState:
     #: Backfilled grid times waiting for a slot, oldest first (``backfill`` queued them); they
     #: start after triggers and pending ticks, and never count toward ``max_runs``.
     backfill: tuple[datetime, ...] = ()
+    #: Runs to attempt again (``retry``), each after its backoff: they start before every other
+    #: waiting run once due, outlive the schedule's end, and never count toward ``max_runs``.
+    retries: tuple[RetryDue, ...] = ()
+    #: Runs emitted again by ``retry`` (attempts 2..N), counted apart from grid runs.
+    retried: int = 0
     grid_at: datetime | None = None
     next_due_at: datetime | None = None
     runs: int = 0
@@ -90,13 +108,25 @@ class ScheduleState:
 
     @property
     def waiting_runs(self) -> int:
-        """Runs waiting for a slot: pending ticks, triggers and backfill (``pending_runs``)."""
+        """Runs waiting: pending ticks, triggers, backfill and retries (``pending_runs``)."""
+        return self.ready_runs + len(self.retries)
+
+    @property
+    def ready_runs(self) -> int:
+        """Runs waiting only for a slot: pending ticks, triggers and backfill (not retries in backoff)."""
         return len(self.pending) + len(self.triggers) + len(self.backfill)
 
     @property
     def asked(self) -> bool:
-        """Whether runs asked for by hand wait (triggers, backfill): they outlive the schedule's end."""
-        return bool(self.triggers or self.backfill)
+        """Whether runs owed outside the grid wait (triggers, backfill, retries): they outlive
+        the schedule's end."""
+        return bool(self.triggers or self.backfill or self.retries)
+
+    def next_retry(self, now: datetime) -> datetime | None:
+        """When the first waiting retry may start (never before ``now``); ``None``: none waits."""
+        if not self.retries:
+            return None
+        return max(min(r.due_at for r in self.retries), now)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,6 +140,10 @@ class Emission:
     triggered: bool = False
     #: A past grid time queued by ``backfill``: written only if it has no run yet.
     backfilled: bool = False
+    #: 1 for a grid, triggered or backfilled run; 2.. for a run of ``retry``.
+    attempt: int = 1
+    #: The run this one attempts again (``retry``).
+    retry_of: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -274,12 +308,15 @@ def on_settle(
     gap_s: float,
     rng: random.Random,
     run_id: str | None = None,
+    attempt: int = 1,
+    scheduled_for: datetime | None = None,
 ) -> ScheduleState:
     """Free one slot exactly once and count the outcome (``ScheduledRunGuard``'s drop).
 
     Fixed delay: the next run is due ``period`` after this finish. Otherwise waiting runs
     (pending ticks, queued triggers) become due at once so they start as soon as the beat
-    sees the freed slot.
+    sees the freed slot. A run that ended as ``retry.on`` names, short of
+    ``retry.max_attempts``, waits to run again for its ``scheduled_for`` after its backoff.
     """
     assert outcome.terminal, outcome
     stopped = state.stopped or stop
@@ -291,17 +328,10 @@ def on_settle(
     if elapsed_ms is not None:
         last_elapsed = elapsed_ms
         max_elapsed = max(max_elapsed or 0, elapsed_ms)
-    next_due = state.next_due_at
-    if stopped:
-        next_due = None
-    elif state.ended:
-        next_due = now if state.asked else None
-    elif policy.mode is Mode.FIXED_DELAY:
-        next_due = now + timedelta(seconds=gap_s) + jitter_delay(policy, gap_s, rng)
-        if state.waiting_runs:
-            next_due = now
-    elif state.waiting_runs:
-        next_due = now if next_due is None else min(next_due, now)
+    retries = (
+        state.retries if stopped else _retried(policy, state, outcome, now, run_id, attempt, scheduled_for)
+    )
+    next_due = _due_after_settle(policy, state, now, stopped=stopped, gap_s=gap_s, rng=rng)
     settled = replace(
         state,
         active_runs=max(state.active_runs - 1, 0),
@@ -311,13 +341,62 @@ def on_settle(
         max_elapsed_ms=max_elapsed,
         stopped=stopped,
         stop_reason=reason,
-        next_due_at=next_due,
+        retries=retries,
+        next_due_at=_with_retries(next_due, retries, now, stopped),
     )
     if not stopped and not state.ended and policy.mode is Mode.FIXED_DELAY:
         end = end_reason(policy, settled)
         if end is not None:
-            settled = replace(settled, stop_reason=end, next_due_at=now if settled.triggers else None)
+            due = now if settled.triggers else None
+            settled = replace(settled, stop_reason=end, next_due_at=_with_retries(due, retries, now, False))
     return _settled_end(_failure_streak(policy, settled, outcome, run_id))
+
+
+def _retried(
+    policy: Policy,
+    state: ScheduleState,
+    outcome: RunState,
+    now: datetime,
+    run_id: str | None,
+    attempt: int,
+    scheduled_for: datetime | None,
+) -> tuple[RetryDue, ...]:
+    """The waiting retries once this run settled: its next attempt joins them if ``retry`` asks."""
+    retry = policy.retry
+    if retry is None or run_id is None or scheduled_for is None or not retry.wants(outcome, attempt):
+        return state.retries
+    again = RetryDue(
+        scheduled_for=scheduled_for, attempt=attempt + 1, retry_of=run_id, due_at=now + retry.delay(attempt)
+    )
+    return (*state.retries, again)
+
+
+def _due_after_settle(
+    policy: Policy, state: ScheduleState, now: datetime, *, stopped: bool, gap_s: float, rng: random.Random
+) -> datetime | None:
+    """The due time once a slot freed: fixed delay's next run, or at once for runs waiting a slot."""
+    next_due = state.next_due_at
+    if stopped:
+        return None
+    if state.ended:
+        return now if state.ready_runs else None
+    if policy.mode is Mode.FIXED_DELAY:
+        if state.ready_runs:
+            return now
+        return now + timedelta(seconds=gap_s) + jitter_delay(policy, gap_s, rng)
+    if state.ready_runs:
+        return now if next_due is None else min(next_due, now)
+    return next_due
+
+
+def _with_retries(
+    next_due: datetime | None, retries: tuple[RetryDue, ...], now: datetime, stopped: bool
+) -> datetime | None:
+    """A due time that also wakes the beat for the first waiting retry."""
+    if stopped or not retries:
+        return next_due
+    first = max(min(r.due_at for r in retries), now)
+    return first if next_due is None else min(next_due, first)
 
 
 #: Outcomes ``pause_on_failure`` ignores: a person or the scheduler chose them, not the task.
@@ -459,7 +538,7 @@ def on_config_change(
     fixed-delay run was settled while no period was known gets the due time it never received.
     """
     if config_changed:
-        state = _within_pending_bound(spec.policy, state)
+        state = _within_retry_bound(spec.policy, _within_pending_bound(spec.policy, state))
         revived = state.ended and _allows_more(spec.policy, state, now)
         if revived:
             state = replace(state, stop_reason=None, stopped=False)
@@ -522,6 +601,14 @@ def _restarted(
     wait_for_settle = state.active_runs != 0 and spec.policy.mode is Mode.FIXED_DELAY
     next_due = state.next_due_at if wait_for_settle else fresh.next_due_at
     return replace(state, grid_at=fresh.grid_at, next_due_at=next_due)
+
+
+def _within_retry_bound(policy: Policy, state: ScheduleState) -> ScheduleState:
+    """Waiting retries the changed policy no longer asks for are dropped: no ``retry`` key any
+    more, or an attempt past a lower ``max_attempts``."""
+    bound = 0 if policy.retry is None else policy.retry.max_attempts
+    kept = tuple(r for r in state.retries if r.attempt <= bound)
+    return state if len(kept) == len(state.retries) else replace(state, retries=kept)
 
 
 def pending_bound(policy: Policy) -> int:

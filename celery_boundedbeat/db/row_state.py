@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core.enums import StopReason
 from ..core.spec import EntrySpec
-from ..core.ticks import ScheduleState
+from ..core.ticks import RetryDue, ScheduleState
 from .tables import ScheduleRow, new_incarnation
 
 #: ``origin`` of a schedule from ``beat_schedule`` / ``add_periodic_task``.
@@ -52,6 +52,8 @@ def zero_values(name: str, now: datetime, *, origin: str = CONFIG) -> dict[str, 
         "pending": [],
         "triggers": [],
         "backfill": [],
+        "retries": [],
+        "retried": 0,
         "grid_runs": 0,
         "consecutive_failures": 0,
         "version": 1,
@@ -98,6 +100,8 @@ def state_of(row: ScheduleRow) -> ScheduleState:
         pending=tuple(datetime.fromisoformat(p) for p in (row.pending or [])),
         triggers=tuple(datetime.fromisoformat(t) for t in (row.triggers or [])),
         backfill=tuple(datetime.fromisoformat(t) for t in (row.backfill or [])),
+        retries=tuple(_retry_of(r) for r in (row.retries or [])),
+        retried=row.retried or 0,
         grid_at=row.grid_at,
         next_due_at=row.next_due_at,
         runs=row.runs,
@@ -119,6 +123,24 @@ def state_of(row: ScheduleRow) -> ScheduleState:
     )
 
 
+def _retry_of(data: Mapping[str, Any]) -> RetryDue:
+    return RetryDue(
+        scheduled_for=datetime.fromisoformat(data["scheduled_for"]),
+        attempt=int(data["attempt"]),
+        retry_of=str(data["retry_of"]),
+        due_at=datetime.fromisoformat(data["due_at"]),
+    )
+
+
+def _retry_json(retry: RetryDue) -> dict[str, Any]:
+    return {
+        "scheduled_for": retry.scheduled_for.isoformat(),
+        "attempt": retry.attempt,
+        "retry_of": retry.retry_of,
+        "due_at": retry.due_at.isoformat(),
+    }
+
+
 def apply_state(row: ScheduleRow, state: ScheduleState, now: datetime) -> None:
     """Store the state machine's answer and stamp the row as changed at ``now``."""
     write_state(row, state)
@@ -132,6 +154,8 @@ def state_values(state: ScheduleState) -> dict[str, Any]:
         "pending": [p.isoformat() for p in state.pending],
         "triggers": [t.isoformat() for t in state.triggers],
         "backfill": [t.isoformat() for t in state.backfill],
+        "retries": [_retry_json(r) for r in state.retries],
+        "retried": state.retried,
         "pending_runs": state.waiting_runs,
         "grid_at": state.grid_at,
         "next_due_at": state.next_due_at,

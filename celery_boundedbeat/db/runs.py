@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
 from sqlalchemy.orm import Session
@@ -122,6 +122,13 @@ def runs_of(name: str, incarnation: str | None) -> ColumnElement[bool]:
     )
 
 
+class Attempt(NamedTuple):
+    """Which attempt of which grid time a settled run was (what ``retry`` needs to go again)."""
+
+    scheduled_for: datetime
+    number: int
+
+
 def _locked_run(s: Session, run_id: str) -> Any:
     """The columns a settle reads of run ``run_id``, locked (``None``: no such run).
 
@@ -129,7 +136,11 @@ def _locked_run(s: Session, run_id: str) -> Any:
     settle's guarded update would otherwise make the update match nothing and drop the outcome.
     """
     columns = (RunRow.schedule, RunRow.incarnation, RunRow.started_at, RunRow.state, RunRow.error)
-    query = select(*columns, RunRow.enqueued_at).where(RunRow.id == run_id).with_for_update()
+    query = (
+        select(*columns, RunRow.enqueued_at, RunRow.scheduled_for, RunRow.attempt)
+        .where(RunRow.id == run_id)
+        .with_for_update()
+    )
     return s.execute(query).first()
 
 
@@ -355,6 +366,7 @@ class RunLife:
             rng=rng or random.Random(),
             run_id=run_id,
             error=error,
+            attempt=Attempt(run.scheduled_for, run.attempt),
         )
         return Settled(run_id=run_id, schedule=run.schedule, state=state, elapsed_ms=elapsed)
 
@@ -382,6 +394,7 @@ class RunLife:
         rng: random.Random,
         run_id: str,
         error: str | None = None,
+        attempt: Attempt | None = None,
     ) -> None:
         """Count a settled run on its schedule (``row``, locked by the caller), free its slot
         (``on_settle``), note its alerts.
@@ -391,7 +404,9 @@ class RunLife:
         """
         if row is None or not settles_onto(row, incarnation):
             return
-        self.count_settled(s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error)
+        self.count_settled(
+            s, row, outcome, elapsed, now=now, stop=stop, rng=rng, run_id=run_id, error=error, attempt=attempt
+        )
         self.db.notify(s, SETTLED_CHANNEL, schedule)
 
     def count_settled(
@@ -406,15 +421,18 @@ class RunLife:
         rng: random.Random,
         run_id: str,
         error: str | None = None,
+        attempt: Attempt | None = None,
     ) -> None:
         """``_free_slot`` on a schedule row the caller has locked (no notification).
 
         ``row`` is a ``ScheduleRow`` or any object with its attributes (the batched writer's
-        plain rows); the changes are made to it, and the caller writes them.
+        plain rows); the changes are made to it, and the caller writes them. ``attempt`` (the
+        run's grid time and attempt number) lets the ``retry`` key attempt it again.
         """
+        state = state_of(row)
         new = on_settle(
             Policy.from_json(row.policy),
-            state_of(row),
+            state,
             outcome=outcome,
             elapsed_ms=elapsed,
             now=now,
@@ -422,7 +440,20 @@ class RunLife:
             gap_s=row.period or 0.0,
             rng=rng,
             run_id=run_id,
+            attempt=1 if attempt is None else attempt.number,
+            scheduled_for=None if attempt is None else attempt.scheduled_for,
         )
+        if new.retries != state.retries and len(new.retries) > len(state.retries):
+            again = new.retries[-1]
+            logger.info(
+                "celery_boundedbeat: %s: run %s ended %s; attempt %d of %s follows at %s",
+                row.name,
+                run_id,
+                outcome.value,
+                again.attempt,
+                row.policy.get("retry", {}).get("max_attempts", "?"),
+                again.due_at.isoformat(timespec="milliseconds"),
+            )
         if new.pause_reason is not None and row.pause_reason is None:
             logger.warning("celery_boundedbeat: %s paused itself: %s", row.name, new.pause_reason)
         note_settle(

@@ -121,6 +121,11 @@ class ScheduleRow(Base):
     triggers: Mapped[list[str]] = mapped_column(JSON, default=list)
     #: Backfilled grid times waiting for a slot (ISO 8601, oldest first): ``backfill`` queued them.
     backfill: Mapped[list[str]] = mapped_column(JSON, default=list)
+    #: Runs to attempt again (``retry``): objects with ``scheduled_for``, ``attempt``,
+    #: ``retry_of`` and ``due_at`` (ISO 8601), each waiting for its backoff and a slot.
+    retries: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    #: Runs emitted again by ``retry`` (attempts 2..N): apart from ``grid_runs`` and ``max_runs``.
+    retried: Mapped[int] = mapped_column(BigInteger, default=0)
     runs: Mapped[int] = mapped_column(BigInteger, default=0)
     #: Every tick dropped: ``busy_skips + window_drops + buffer_drops`` (counted apart since
     #: migration 0006; drops from before it are in ``skips`` alone).
@@ -146,11 +151,11 @@ class ScheduleRow(Base):
 
 
 class RunRow(Base):
-    """One emitted run and its whole life; ``(schedule, scheduled_for)`` is emitted once."""
+    """One emitted run and its whole life; ``(schedule, scheduled_for, attempt)`` is emitted once."""
 
     __tablename__ = "boundedbeat_runs"
     __table_args__ = (
-        UniqueConstraint("schedule", "scheduled_for"),
+        UniqueConstraint("schedule", "scheduled_for", "attempt"),
         Index("ix_boundedbeat_runs_state_started_at", "state", "started_at"),
         Index("ix_boundedbeat_runs_finished_at", "finished_at"),
         Index("ix_boundedbeat_runs_enqueued_at", "enqueued_at"),
@@ -177,6 +182,10 @@ class RunRow(Base):
     process: Mapped[str | None] = mapped_column(String(255), nullable=True)
     #: Internal: when the run passes ``max_run_time`` (set when it starts).
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: 1 for the first run of a grid time; 2.. for the attempts of the ``retry`` policy key.
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: The run this one attempts again (``retry``); ``None`` for a first attempt.
+    retry_of: Mapped[str | None] = mapped_column(String(36), nullable=True)
 
 
 class QueueRow(Base):

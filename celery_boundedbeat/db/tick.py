@@ -94,6 +94,8 @@ def emission_rows(
         "scheduled_for": emission.scheduled_for,
         "enqueued_at": now,
         "drift_ms": emission.drift_ms,
+        "attempt": emission.attempt,
+        "retry_of": emission.retry_of,
     }
     queued = {
         "run_id": run_id,
@@ -420,12 +422,14 @@ def _write_backfilled(
 
 
 def _insert_if_free(s: Session, table: Table) -> Any:
-    """``INSERT ... ON CONFLICT (schedule, scheduled_for) DO NOTHING`` for this dialect."""
+    """``INSERT ... ON CONFLICT (schedule, scheduled_for, attempt) DO NOTHING`` for this dialect."""
     if s.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
     else:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
-    return dialect_insert(table).on_conflict_do_nothing(index_elements=["schedule", "scheduled_for"])
+    return dialect_insert(table).on_conflict_do_nothing(
+        index_elements=["schedule", "scheduled_for", "attempt"]
+    )
 
 
 def next_due_at(db: Database) -> datetime | None:

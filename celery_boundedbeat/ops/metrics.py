@@ -79,6 +79,8 @@ class ScheduleFigures:
     window_drops: int = 0
     buffer_drops: int = 0
     replaced: int = 0
+    #: Runs emitted again by the ``retry`` policy key (migration 0010).
+    retried: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,6 +200,7 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
         ScheduleRow.window_drops,
         ScheduleRow.buffer_drops,
         ScheduleRow.replaced,
+        ScheduleRow.retried,
         ScheduleRow.overlaps,
         ScheduleRow.active_runs,
         ScheduleRow.pending_runs,
@@ -215,6 +218,7 @@ def _schedules(conn: Connection) -> tuple[ScheduleFigures, ...]:
             window_drops=r.window_drops,
             buffer_drops=r.buffer_drops,
             replaced=r.replaced,
+            retried=r.retried,
             overlaps=r.overlaps,
             active_runs=r.active_runs,
             pending_runs=r.pending_runs,
@@ -313,6 +317,7 @@ SCHEDULE_COUNTERS: Mapping[str, str] = {
     "buffer_drops": "Ticks dropped from the pending buffer (coalesce_latest, catch_up)",
     "replaced": "Active runs revoked for a newer tick (missed_ticks replace)",
     "overlaps": "Runs started while another was active",
+    "retried": "Runs emitted again by the retry policy (attempts 2 and later)",
 }
 
 

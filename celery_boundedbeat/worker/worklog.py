@@ -27,6 +27,7 @@ from ..db.locked import HeldRows, hold, write_changed
 from ..db.runs import (
     _DECIDED_WITHOUT_THE_TASK,
     SETTLED_CHANNEL,
+    Attempt,
     Settled,
     elapsed_ms,
     not_before,
@@ -114,7 +115,17 @@ _START = Sql(
 _LOCK_RUNS = Sql(f"SELECT id FROM boundedbeat_runs WHERE {_IN_IDS} ORDER BY id FOR UPDATE")
 
 #: The outcomes' runs as the batch's starts left them (locked above).
-_RUN_COLUMNS = ("id", "schedule", "incarnation", "started_at", "state", "error", "enqueued_at")
+_RUN_COLUMNS = (
+    "id",
+    "schedule",
+    "incarnation",
+    "started_at",
+    "state",
+    "error",
+    "enqueued_at",
+    "scheduled_for",
+    "attempt",
+)
 _RUNS = Sql(
     f"SELECT {', '.join(_RUN_COLUMNS)} FROM boundedbeat_runs WHERE {_IN_IDS}",
     sqlite=f"SELECT {', '.join(_RUN_COLUMNS)} FROM boundedbeat_runs WHERE {_IN_IDS_SQLITE}",
@@ -169,6 +180,8 @@ class _Run(NamedTuple):
     state: str
     error: str | None
     enqueued_at: datetime | None
+    scheduled_for: datetime
+    attempt: int
 
 
 _ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
@@ -329,6 +342,7 @@ def _count_on_schedules(
         if row is None or not settles_onto(row, runs[x.run_id].incarnation):
             continue
         report, elapsed = finished[x.run_id]
+        run = runs[x.run_id]
         store.run_life.count_settled(
             s,
             row,
@@ -339,4 +353,5 @@ def _count_on_schedules(
             rng=rng,
             run_id=x.run_id,
             error=report.error,
+            attempt=Attempt(run.scheduled_for, run.attempt),
         )

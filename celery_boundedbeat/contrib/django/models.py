@@ -114,6 +114,10 @@ class Run(models.Model):
     drift_ms = models.BigIntegerField(null=True, help_text="How late the run was emitted.")
     worker = models.CharField(max_length=255, null=True)
     error = models.TextField(null=True)
+    attempt = models.IntegerField(
+        default=1, help_text="1 for the first run of its grid time; 2.. for the attempts of the retry policy."
+    )
+    retry_of = models.CharField(max_length=36, null=True, help_text="The run this one attempts again.")
 
     class Meta:
         managed = False
