@@ -65,6 +65,8 @@ class ScheduleView(Protocol):
     @property
     def overlaps(self) -> int: ...
     @property
+    def retried(self) -> int: ...
+    @property
     def last_elapsed_ms(self) -> int | None: ...
 
 
@@ -87,6 +89,8 @@ class RunView(Protocol):
     def drift_ms(self) -> int | None: ...
     @property
     def error(self) -> str | None: ...
+    @property
+    def attempt(self) -> int: ...
 
 
 def fmt_time(value: datetime | None, *, short: bool = False) -> str:
@@ -163,7 +167,8 @@ def state_of(s: ScheduleView, waiting: str | None, *, wide: bool) -> str:
 #: task, origin, time zone, drop counters and last duration are in ``--wide`` and ``--json``).
 WIDE_HEADERS = (
     "NAME", "TASK", "ORIGIN", "MODE", "SCHEDULE", "TIMEZONE", "STATE", "NEXT DUE (UTC)", "ACTIVE",
-    "PENDING", "RUNS", "FAILURES", "SKIPS", "BUSY/WINDOW/BUFFER", "REPLACED", "OVERLAPS", "LAST MS",
+    "PENDING", "RUNS", "FAILURES", "SKIPS", "BUSY/WINDOW/BUFFER", "REPLACED", "OVERLAPS", "RETRIED",
+    "LAST MS",
 )  # fmt: skip
 NARROW_HEADERS = ("NAME", "SCHEDULE", "STATE", "NEXT DUE (UTC)", "ACT/PEND", "RUNS", "FAIL", "SKIPS")
 #: The columns cut to fit when names and schedules are long, and the characters each keeps
@@ -218,6 +223,7 @@ def _status_row(s: ScheduleView, words: str, waiting: str | None, *, wide: bool)
         f"{s.busy_skips}/{s.window_drops}/{s.buffer_drops}",
         str(s.replaced),
         str(s.overlaps),
+        str(s.retried),
         "-" if s.last_elapsed_ms is None else str(s.last_elapsed_ms),
     ]
 
@@ -226,6 +232,7 @@ HISTORY_HEADERS = (
     "ID",
     "SCHEDULE",
     "STATE",
+    "TRY",
     "SCHEDULED FOR (UTC)",
     "STARTED",
     "ELAPSED MS",
@@ -243,6 +250,7 @@ def history_table(runs: Sequence[RunView]) -> str:
                 r.id,
                 r.schedule,
                 str(r.state),
+                str(r.attempt),
                 fmt_time(r.scheduled_for),
                 fmt_time(r.started_at),
                 "-" if r.elapsed_ms is None else str(r.elapsed_ms),

@@ -6,6 +6,7 @@ tables stay on PostgreSQL; see the ``backend`` fixture).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -149,11 +150,12 @@ def test_staff_adds_an_interval_and_a_crontab_schedule(store: Store, client_as: 
         ({"name": "refresh-cache"}, "name", "exists already"),
         ({"kind": "crontab", "timezone": "Europe/Berln"}, "timezone", "unknown time zone 'Europe/Berln'"),
         ({"timezone": "Europe/Berlin"}, "timezone", "is only for crontab and solar schedules"),
+        ({"retry": '{"on": ["completed"]}'}, "retry", "cannot retry on 'completed'"),
     ],
     ids=["period-0", "fixed-delay-crontab", "concurrency-needs-fixed-rate", "fixed-rate-needs-concurrency",
          "bad-json", "args-not-a-list", "options-not-an-object", "bad-priority", "bad-crontab",
          "unparsable-crontab", "no-period", "duplicate",
-         "unknown-zone", "zone-on-an-interval"],
+         "unknown-zone", "zone-on-an-interval", "bad-retry"],
 )  # fmt: skip
 def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
     store: Store, client_as: Any, change: dict[str, str], field: str, text: str
@@ -165,6 +167,16 @@ def test_invalid_input_is_shown_on_its_field_and_writes_nothing(
     assert any(text in message for message in errors[field]), errors
     assert {s.name: s.version for s in store.schedules()} == before
     assert row(store, "tenant-1") is None
+
+
+def test_a_retry_policy_added_in_the_form_is_stored_and_shown_again(store: Store, client_as: Any) -> None:
+    client = client_as("editor")
+    retry = {"on": ["lost"], "max_attempts": 4, "backoff": 5, "max_backoff": 60}
+    response = client.post(ADD, {**INTERVAL, "retry": json.dumps(retry)})
+    assert response.status_code == 302, field_errors(response)
+    added = row(store, "tenant-1")
+    assert added is not None and added.policy["retry"] == {**retry, "backoff": 5.0, "max_backoff": 60.0}
+    assert json.loads(form_data(client.get(f"{SCHEDULES}tenant-1/change/"))["retry"]) == added.policy["retry"]
 
 
 def test_a_crontab_added_with_a_time_zone_keeps_it_and_a_change_moves_it(

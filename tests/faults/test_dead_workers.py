@@ -135,3 +135,37 @@ def test_a_retry_keeps_the_run_started_and_counts_it_once(bb: Harness) -> None:
     assert done.state == "completed"
     states = check_books(bb, "flaky")
     assert states == {"completed": 1}, states
+
+
+def test_a_run_lost_with_its_worker_is_attempted_again_after_its_backoff(
+    bb: Harness, measure: Measure
+) -> None:
+    """``retry: {"on": ["lost"]}``: the run of a killed worker runs again for its grid time, as
+    attempt 2, within its backoff plus a few seconds of being settled lost; one active at a time."""
+    backoff = 2.0
+    policy = {"retry": {"on": ["lost"], "backoff": backoff}}
+    write_app(bb, {"victim": bb.entry("victim", 120.0, policy=policy, durations=[30, 0.3])})
+    worker, _beat = bb.start(pool="threads", concurrency=2)
+    first = bb.wait_until(lambda: started_run(bb, "victim"), 30, "the first run to start")
+    time.sleep(1.0)  # a heartbeat of the run's process has passed: the kill lands mid-run
+    kill9(worker)
+    bb.start_worker(pool="threads", concurrency=2)
+
+    again = bb.wait_until(
+        lambda: next((r for r in bb.finished("victim") if r.retry_of == first.id), None),
+        DETECTION_BOUND + backoff + 2 * SLACK,
+        "the lost run's second attempt to complete",
+        each=never_two_active(bb, "victim"),
+    )
+    lost = run(bb, first.id)
+    assert lost is not None and lost.state == "lost" and lost.finished_at is not None, lost
+    assert (again.attempt, again.scheduled_for) == (2, first.scheduled_for), again.short()
+    waited = (again.enqueued_at - lost.finished_at).total_seconds()
+    assert backoff <= waited <= backoff + SLACK, (
+        f"emitted {waited:.2f} s after the loss (backoff {backoff:g} s)"
+    )
+    states = check_books(bb, "victim")
+    assert states == {"lost": 1, "completed": 1}, states
+    row = bb.sql("SELECT retried, grid_runs FROM boundedbeat_schedules WHERE name = 'victim'")[0]
+    assert row == {"retried": 1, "grid_runs": 1}, row
+    measure("lost run attempted again after (backoff 2 s)", waited, " s")

@@ -40,6 +40,8 @@ RUN_COLUMNS = (
     "drift_ms",
     "worker",
     "error",
+    "attempt",
+    "retry_of",
 )
 _TIME_COLUMNS = {
     "scheduled_for",
@@ -87,6 +89,8 @@ class Run:
     drift_ms: int | None
     worker: str | None
     error: str | None
+    attempt: int = 1
+    retry_of: str | None = None
 
     def short(self) -> str:
         def t(v: datetime | None) -> str:
@@ -95,6 +99,7 @@ class Run:
         return (
             f"{self.schedule} {self.state:<9} sched={t(self.scheduled_for)} enq={t(self.enqueued_at)} "
             f"start={t(self.started_at)} fin={t(self.finished_at)} err={(self.error or '')[:60]!r}"
+            + (f" attempt={self.attempt} of={self.retry_of}" if self.attempt > 1 else "")
         )
 
 

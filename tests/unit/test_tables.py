@@ -44,6 +44,7 @@ class Schedule:
     buffer_drops: int = 0
     replaced: int = 0
     overlaps: int = 0
+    retried: int = 0
     last_elapsed_ms: int | None = 5003
 
 
@@ -57,6 +58,7 @@ class Run:
     started_at: datetime | None = NOW
     elapsed_ms: int | None = 3
     drift_ms: int | None = 1
+    attempt: int = 1
 
 
 def test_a_stored_error_shows_as_its_exception_on_one_line() -> None:

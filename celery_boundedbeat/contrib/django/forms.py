@@ -64,6 +64,7 @@ POLICY_FIELDS = (
     "keep_runs",
     "keep_for",
     "timezone",
+    "retry",
 )
 SECONDS_FIELDS = frozenset({"initial_delay", "max_run_time", "jitter", "catchup_window", "keep_for"})
 
@@ -136,8 +137,8 @@ def field_for(key: str, kind: str | None) -> str | None:
         return "every" if kind == "interval" else "kind"
     if key in ("name", "task", *JSON_FIELDS):
         return key
-    field = key.removeprefix("policy.")
-    if field != key and field in POLICY_FIELDS:
+    field = key.removeprefix("policy.").split(".")[0]  # policy.retry.on is the retry field
+    if key.startswith("policy.") and field in POLICY_FIELDS:
         return field
     return None
 
@@ -211,6 +212,15 @@ class ScheduleForm(forms.ModelForm):
         max_length=64,
         label="Time zone",
         help_text="Crontab/solar only: an IANA name such as Europe/Berlin; blank: the app's time zone.",
+    )
+    retry = forms.JSONField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text=(
+            'Run a grid time again after a lost or timed-out run, a JSON object such as {"on": '
+            '["lost", "timed_out"], "max_attempts": 3, "backoff": 10, "max_backoff": 300}; '
+            "blank: no retries."
+        ),
     )
 
     class Meta:

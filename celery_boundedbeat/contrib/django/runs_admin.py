@@ -33,7 +33,7 @@ class RunAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "schedule_and_task",
-        "state_label",
+        "state_and_attempt",
         "scheduled_and_started",
         "duration_and_drift",
         "worker_cell",
@@ -47,7 +47,7 @@ class RunAdmin(ReadOnlyAdmin):
     list_per_page = 100
     actions = None
     fieldsets = (
-        (None, {"fields": ("id", "schedule_link", "task", "state_label", "worker")}),
+        (None, {"fields": ("id", "schedule_link", "task", "state_label", "attempt_text", "worker")}),
         (
             "Timeline",
             {"fields": ("scheduled", "enqueued", "published", "started", "finished", "duration", "drift")},
@@ -57,6 +57,7 @@ class RunAdmin(ReadOnlyAdmin):
     readonly_fields = (
         "schedule_link",
         "state_label",
+        "attempt_text",
         "scheduled",
         "enqueued",
         "published",
@@ -109,6 +110,21 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="state", ordering="state")
     def state_label(self, obj: Run) -> SafeString:
         return state_badge(obj.state)
+
+    @admin.display(description="state", ordering="state")
+    def state_and_attempt(self, obj: Run) -> SafeString:
+        """The state, and under it "attempt N" for a run of the retry policy."""
+        if (obj.attempt or 1) == 1:
+            return state_badge(obj.state)
+        return format_html("{}{}", state_badge(obj.state), sub(f"attempt {obj.attempt}"))
+
+    @admin.display(description="attempt")
+    def attempt_text(self, obj: Run) -> SafeString | str:
+        """1 for a grid run; a retry links the run it attempts again."""
+        if not obj.retry_of:
+            return str(obj.attempt or 1)
+        url = reverse(f"{self.admin_site.name}:celery_boundedbeat_run_change", args=[quote(obj.retry_of)])
+        return format_html('{} (retries <a href="{}">{}</a>)', obj.attempt, url, short_id(obj.retry_of))
 
     @admin.display(description="duration", ordering="elapsed_ms")
     def duration(self, obj: Run) -> str:
