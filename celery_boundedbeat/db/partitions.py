@@ -1,0 +1,145 @@
+"""Partitioned beats: each live beat claims its share of the partitions and ticks only those.
+
+:class:`PartitionKeeper` is a small state machine over four store calls, like
+:class:`~.lease.LeaseKeeper` for the single lease: every renew interval it renews this
+beat's member row, reads the live members, computes the assignment
+(:func:`~celery_boundedbeat.core.partitions.plan`), gives up the partitions now assigned to
+another beat (cooperative handover: at once, so the new owner needs no expiry) and claims or
+renews its own. A claim is a row of ``boundedbeat_leases`` named ``partition:<n>``; it is
+taken only when free, expired or already ours, so two beats never hold one partition. The
+beat acts for a partition only inside its trust window (the renewal's start plus ``ttl -
+renew_interval`` on the monotonic clock): frozen or cut off, it stops before the claim can
+expire for the others. Time comes from injected clocks, so the protocol simulation drives
+this very class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from ..core.partitions import TrustWindow, plan
+
+#: The lease-row name prefixes: one member row per live beat, one claim row per owned partition.
+MEMBER_PREFIX = "member:"
+PARTITION_PREFIX = "partition:"
+
+
+def claim_name(partition: int) -> str:
+    return f"{PARTITION_PREFIX}{partition}"
+
+
+class PartitionStore(Protocol):
+    """The store calls the keeper makes (:class:`~celery_boundedbeat.db.store.Store` has them)."""
+
+    def renew_member(self, member: str, now: datetime, ttl: float) -> list[str]:
+        """Renew ``member``'s row; the live members (itself included)."""
+        ...
+
+    def claim_partitions(self, member: str, partitions: Iterable[int], now: datetime, ttl: float) -> set[int]:
+        """Claim or renew each partition free, expired or ``member``'s own; the ones now held."""
+        ...
+
+    def release_partitions(self, member: str, partitions: Iterable[int]) -> None:
+        """Give up ``member``'s claims on ``partitions`` (others' claims are left alone)."""
+        ...
+
+    def leave(self, member: str) -> None:
+        """Remove ``member``'s row and every claim it holds."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PartitionTurn:
+    """What one :meth:`PartitionKeeper.keep` did."""
+
+    #: The partitions this beat may tick now.
+    acting: frozenset[int] = frozenset()
+    gained: frozenset[int] = frozenset()
+    #: Given up to another beat (handover), or lost (refused, trust window over).
+    lost: frozenset[int] = frozenset()
+    #: The live members the renewal saw (``None``: no renewal this turn).
+    members: tuple[str, ...] | None = None
+    error: Exception | None = None
+
+
+class PartitionKeeper:
+    """Keeps this beat's share of ``partitions`` and says which it may tick."""
+
+    def __init__(
+        self,
+        store: PartitionStore,
+        *,
+        member: str,
+        partitions: int,
+        ttl: float,
+        renew_interval: float,
+        clock: Callable[[], float],
+        now: Callable[[], datetime],
+    ) -> None:
+        self.member = member
+        self.partitions = partitions
+        self.ttl = ttl
+        self.renew_interval = renew_interval
+        self.next_renewal_at = 0.0
+        self.held: frozenset[int] = frozenset()
+        self._store = store
+        self._clock = clock
+        self._now = now
+        self._trust = TrustWindow(ttl=ttl, margin=renew_interval)
+
+    def acting(self) -> frozenset[int]:
+        """The partitions this beat may tick and publish for now (safe from any thread)."""
+        return self._trust.acting(self._clock())
+
+    def renew_now(self) -> None:
+        """Renew at the next :meth:`keep` (a beat joined or left: re-plan at once)."""
+        self.next_renewal_at = 0.0
+
+    def keep(self) -> PartitionTurn:
+        """Renew if it is time; then the partitions this beat may act for."""
+        mono = self._clock()
+        if mono < self.next_renewal_at:
+            return self._expire(PartitionTurn())
+        started = self._now()
+        self.next_renewal_at = mono + self.renew_interval
+        try:
+            members = self._store.renew_member(self.member, started, self.ttl)
+            todo = plan(self.member, members, self.held, self.partitions)
+            if todo.release:
+                self._store.release_partitions(self.member, todo.release)
+            got = frozenset(self._store.claim_partitions(self.member, todo.claim, started, self.ttl))
+        except Exception as exc:
+            self.next_renewal_at = mono + min(1.0, self.renew_interval)
+            return self._expire(PartitionTurn(error=exc))
+        before = self.held
+        self._trust.dropped(before - got)
+        self._trust.renewed(got, mono)
+        self.held = got
+        return PartitionTurn(
+            acting=self._trust.acting(self._clock()),
+            gained=got - before,
+            lost=before - got,
+            members=tuple(sorted(members)),
+        )
+
+    def _expire(self, turn: PartitionTurn) -> PartitionTurn:
+        """Partitions whose trust window ended without a renewal are held no more."""
+        acting = self._trust.acting(self._clock())
+        gone = self.held - acting
+        if gone:
+            self._trust.dropped(gone)
+            self.held = acting
+        return PartitionTurn(acting=acting, lost=gone, error=turn.error)
+
+    def seconds_to_next_look(self) -> float:
+        """Seconds until a renewal is due."""
+        return max(self.next_renewal_at - self._clock(), 0.0)
+
+    def leave(self) -> None:
+        """Give every partition up and leave the members (SIGTERM): the others take over at once."""
+        self._trust.dropped(self.held)
+        self.held = frozenset()
+        self._store.leave(self.member)
