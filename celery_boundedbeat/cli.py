@@ -594,3 +594,7 @@ from .cli_import import export_cmd, import_cmd  # noqa: E402 (the group above is
 
 boundedbeat.add_command(import_cmd)
 boundedbeat.add_command(export_cmd)
+
+from .cli_beats import beats_cmd  # noqa: E402
+
+boundedbeat.add_command(beats_cmd)

@@ -79,7 +79,7 @@ def _show(plan: Plan, *, applied: bool) -> None:
     click.echo(plan.summary(applied=applied))
 
 
-def _ready(ctx: click.Context) -> Celery:
+def ready_app(ctx: click.Context) -> Celery:
     """The app of ``celery -A proj``, its database reachable and migrated (else a one-line error)."""
     app = getattr(ctx.find_object(object) if ctx.obj is None else ctx.obj, "app", None)
     if app is None:
@@ -130,7 +130,7 @@ def import_cmd(
 
     A dry run unless --apply: one line per schedule with what would happen to it.
     """
-    app = _ready(ctx)
+    app = ready_app(ctx)
     is_file = source not in (DCB, REDBEAT)
     try:
         if source == DCB:
@@ -168,7 +168,7 @@ def export_cmd(ctx: click.Context, fmt: str | None, output: str | None) -> None:
     """Write every runtime schedule (timing, task, arguments, options, policy, state) as JSON or YAML."""
     from .api.exporting import dump, export_document, format_of
 
-    app = _ready(ctx)
+    app = ready_app(ctx)
     fmt = fmt or (format_of(output) if output else "json")
     try:
         document = export_document(app)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -10,9 +10,12 @@ from celery import Celery
 
 from ..config.settings import Settings
 from ..core.enums import RunState
+from ..core.partitions import partition_of
 from ..db.definition_writes import stored_zone
 from ..db.engine import get_engine
-from ..db.store import Store
+from ..db.lease import LEASE_NAME
+from ..db.partitions import PartitionRows
+from ..db.store import Store, utcnow
 from ..db.tables import RunRow, ScheduleRow
 from .unmigrated import explains_missing_tables
 
@@ -70,6 +73,11 @@ class ScheduleSnapshot:
     retried: int = 0
     #: Attempts waiting for their backoff or a free slot (also counted in ``pending_runs``).
     retries_waiting: int = 0
+    #: The partition the schedule belongs to (``slot % boundedbeat_partitions``; 0 with one).
+    partition: int = 0
+    #: The beat that ticks it now: its partition's owner, or the lease holder with one
+    #: partition (``None``: no live beat holds it).
+    owner: str | None = None
 
     @classmethod
     def from_row(cls, row: ScheduleRow) -> ScheduleSnapshot:
@@ -175,8 +183,66 @@ def store_for(app: Celery) -> Store:
 
 @explains_missing_tables
 def snapshot(app: Celery, names: list[str] | None = None) -> list[ScheduleSnapshot]:
-    """All schedules (or the chosen ``names``), sorted by name."""
-    return [ScheduleSnapshot.from_row(r) for r in store_for(app).schedules(names)]
+    """All schedules (or the chosen ``names``), sorted by name, each with its partition and owner."""
+    store = store_for(app)
+    count = Settings.from_conf(app.conf, only=("partitions",)).partitions
+    owners = _owners(store, count)
+    return [
+        replace(
+            ScheduleSnapshot.from_row(r), partition=(p := partition_of(r.slot, count)), owner=owners.get(p)
+        )
+        for r in store.schedules(names)
+    ]
+
+
+def _owners(store: Store, count: int) -> dict[int, str]:
+    """Each partition's live owner; with one partition, the lease holder owns partition 0."""
+    now = utcnow()
+    if count <= 1:
+        holder = store.lease_holder(LEASE_NAME, now)
+        return {} if holder is None else {0: holder[0]}
+    return PartitionRows(store.db).owners(now)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BeatRecord:
+    """One live beat (``boundedbeat beats``): its id and the partitions it ticks."""
+
+    id: str
+    partitions: list[int] = field(default_factory=list)
+    #: Whether it holds the beat lease (it reconciles ``beat_schedule`` and does the housekeeping).
+    leader: bool = False
+    joined_at: datetime | None = None
+    renewed_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(self).items()}
+
+
+@explains_missing_tables
+def beats(app: Celery) -> list[BeatRecord]:
+    """The live beats with the partitions each owns, the lease holder first.
+
+    With one partition only the lease holder is known (standbys write nothing): it owns
+    partition 0. With more, every beat's member row lists it, with no partition between a
+    join and its first claim.
+    """
+    store = store_for(app)
+    count = Settings.from_conf(app.conf, only=("partitions",)).partitions
+    now = utcnow()
+    holder = store.lease_holder(LEASE_NAME, now)
+    leader = None if holder is None else holder[0]
+    if count <= 1:
+        return [] if leader is None else [BeatRecord(id=leader, partitions=[0], leader=True)]
+    rows = PartitionRows(store.db)
+    owned: dict[str, list[int]] = {}
+    for partition, owner in sorted(rows.owners(now).items()):
+        owned.setdefault(owner, []).append(partition)
+    found = [
+        BeatRecord(id=m, partitions=owned.get(m, []), leader=m == leader, joined_at=j, renewed_at=r)
+        for m, j, r in rows.members(now)
+    ]
+    return sorted(found, key=lambda b: not b.leader)
 
 
 @explains_missing_tables

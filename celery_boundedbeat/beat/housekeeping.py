@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+from ..config.definitions import Resolver, sweep_slack
 from ..config.settings import Settings
 from ..core.loops import Iteration, IterationRecord, IterationRecorder, OutageLog, run_recorded_iteration
 from ..core.messages import clip_error
@@ -44,7 +45,8 @@ def reaper_grace(down: float, heartbeat_interval: float) -> float:
 
 
 class Housekeeping:
-    """The reaper, alerts, retention and the recorded-iteration bookkeeping of the beat."""
+    """The reaper, alerts, retention, the definition cache's sweep and the recorded-iteration
+    bookkeeping of the beat."""
 
     retention_every: float
     reaps_per_heartbeat: int
@@ -56,6 +58,9 @@ class Housekeeping:
     _next_housekeeping_at: float
     _runs_may_be_active: bool
     _alerts_may_wait: bool
+    _swept_size: int
+    _swept_live: int
+    _failing_rows: set[str]
 
     @property
     def settings(self) -> Settings:
@@ -67,6 +72,10 @@ class Housekeeping:
 
     @property
     def lease(self) -> LeaseKeeper:
+        raise NotImplementedError
+
+    @property
+    def resolver(self) -> Resolver:
         raise NotImplementedError
 
     @property
@@ -197,3 +206,24 @@ class Housekeeping:
             datetime.fromtimestamp(record.finished_at, UTC),
             None if record.error is None else clip_error(record.error),
         )
+
+    def _sweep_definitions(self, now: datetime) -> None:
+        """Drop the cached definitions of schedules that no longer exist, once the cache has grown.
+
+        A removal's notification only drops its copy when it arrives (never on SQLite); a
+        beat that lives for months through per-tenant churn would otherwise keep every
+        schedule it ever ran. After each tick, a cache grown by :func:`~.definitions.sweep_slack`
+        since the last sweep is swept against the schedule names (one index-only read): it
+        holds at most the schedules present at the last sweep plus that slack.
+        """
+        resolver = self.resolver
+        if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
+            return
+        try:
+            live = self.store.schedule_names()
+        except Exception as exc:
+            self._failed("definition sweep", exc, now)
+            return
+        resolver.keep_only(live)
+        self._failing_rows.intersection_update(live)  # a set-aside schedule removed meanwhile
+        self._swept_size, self._swept_live = len(resolver), len(live)

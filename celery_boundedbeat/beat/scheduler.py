@@ -32,7 +32,7 @@ from typing import Any
 
 from celery import Celery, beat
 
-from ..config.definitions import Resolver, config_definitions, sweep_slack
+from ..config.definitions import Resolver, config_definitions
 from ..config.settings import Settings, app_name, warn_unknown_settings
 from ..core.alerts import on_ticked
 from ..core.exceptions import BoundedBeatError, ConfigurationError
@@ -41,14 +41,17 @@ from ..core.spec import Definition
 from ..db.faults import is_outage
 from ..db.lease import LeaseEvent, LeaseKeeper, LeaseTurn
 from ..db.notify import Listener
+from ..db.partitions import BEATS_CHANNEL
 from ..db.runs import SETTLED_CHANNEL
 from ..db.store import QUEUE_CHANNEL, SCHEDULES_CHANNEL, Store, TickResult, utcnow
+from ..db.tick import Share
 from ..dispatch.dispatcher import Dispatcher
 from ..signals import send as send_signals
 from .ahead import AheadTicker
 from .exporter import MetricsExporter, serve_metrics
 from .housekeeping import FULL_LOOK_EVERY, Housekeeping, reaper_grace
 from .notices import log_lease_event, log_stopped, log_tick
+from .sharing import BeatShare
 from .startup import (
     EX_CONFIG,
     EX_UNAVAILABLE,
@@ -87,6 +90,8 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         self._settings: Settings | None = None
         self._store: Store | None = None
         self._lease: LeaseKeeper | None = None
+        #: This beat's share of the partitions (``boundedbeat_partitions`` > 1; :mod:`.sharing`).
+        self._share: BeatShare | None = None
         #: This beat's ``beat_schedule`` entries (reconciled when it takes the lease).
         self._config: dict[str, Definition] = {}
         #: Every due row's schedule, rebuilt from its row when it changed (runtime ones too).
@@ -189,19 +194,20 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         )
         # The schedule rows are reconciled with beat_schedule by the lease holder only, when it
         # takes the lease (``_reconcile``): a standby never writes them.
+        self._share = share = BeatShare(self._store, settings, self._lease.holder)
         log_schedules(len(self._config), settings.database_url)
         if settings.dispatch_enabled:
             self._dispatcher = Dispatcher(
                 self.app,
                 self._store,
                 settings,
-                may_run=self._lease.acting,
+                may_run=lambda: self.lease.acting() or share.acting(),
                 record=self._recorder.record,
                 notified=self._listening,
             )
             self._dispatch_loop = BackgroundLoop("boundedbeat-dispatch", self._dispatcher.run)
             self._dispatch_loop.start()
-            if self._store.is_postgres and settings.prepare_ahead > 0:
+            if self._store.is_postgres and settings.prepare_ahead > 0 and not share.partitioned:
                 self._ahead = AheadTicker(
                     self.app,
                     self._store,
@@ -213,9 +219,10 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         self._retention_loop = BackgroundLoop("boundedbeat-retention", self._run_retention)
         self._retention_loop.start()
         if self._store.is_postgres:
-            self._listener = Listener(
-                settings.database_url, [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL], self._on_notify
-            )
+            channels = [SETTLED_CHANNEL, QUEUE_CHANNEL, SCHEDULES_CHANNEL]
+            if share.partitioned:
+                channels.append(BEATS_CHANNEL)
+            self._listener = Listener(settings.database_url, channels, self._on_notify)
             self._listener.start()
         if settings.metrics_port is not None:
             self._metrics = serve_metrics(
@@ -229,7 +236,10 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         freeze_startup_heap()
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        if channel == QUEUE_CHANNEL:
+        if channel == BEATS_CHANNEL:
+            if self._share is not None and self._share.heard(payload):
+                self._wake.set()
+        elif channel == QUEUE_CHANNEL:
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()
         else:
@@ -259,21 +269,28 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
                 raise SystemExit()
 
     def _tick(self) -> float:
-        if self._store is None or self._lease is None:
+        if self._store is None or self._lease is None or self._share is None:
             return float(self.max_interval)
         mono = time.monotonic()
         wait = min(self.settings.poll_interval if self._polling else self.max_interval, self.max_interval)
-        if not self._keep_lease() or not self._reconcile():
-            self._wait(max(0.05, min(wait, self.lease.seconds_to_renewal())))
+        leading = self._keep_lease() and self._reconcile()
+        share, gained = self._share.keep(lambda what, exc: self._failed(what, exc, utcnow()), self._succeeded)
+        self._stale = self._stale or gained  # a partition gained: its schedules are looked at at once
+        if not leading and (share is None or not share.mine):
+            self._wait(
+                max(0.05, min(wait, self.lease.seconds_to_renewal(), self._share.seconds_to_next_look()))
+            )
             return 0
         now = utcnow()
-        if self._must_tick(now, mono):
+        if share is not None and not share.mine:
+            result: TickResult | None = TickResult(now=now)  # the leader, with no partition of its own
+        elif self._must_tick(now, mono):
             if self._tick_late(now):
                 return 0  # the rest of what is due (not certain enough to claim) is looked at now
             # Cleared before the tick reads, never after: a notification that lands while it
             # runs keeps the flag and is acted on at the next look, not at the backstop.
             self._stale = False
-            result = self._emit_due(now)
+            result = self._emit_due(now, share)
             if result is None:
                 self._stale = True
                 if self._tick_failures == 1:
@@ -295,8 +312,9 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
                 self._sweep_definitions(now)  # the tick's work is done: off its path
         else:
             result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
-        self._housekeep(mono, now)
-        wait = self._next_wait(result, wait)
+        if leading:
+            self._housekeep(mono, now)
+        wait = min(self._next_wait(result, wait), self._share.seconds_to_next_look())
         if not self._tick_ahead(result, wait):
             self._wait(wait)
         return 0
@@ -431,8 +449,8 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             self.resolver.forget(name)
         return True
 
-    def _emit_due(self, now: datetime) -> TickResult | None:
-        """The tick proper: every due schedule in one transaction (``None`` if it failed)."""
+    def _emit_due(self, now: datetime, share: Share | None = None) -> TickResult | None:
+        """The tick proper: every due schedule (of the share) in one transaction (``None`` if it failed)."""
         try:
             result = self.store.tick(
                 self.resolver,
@@ -440,6 +458,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
                 self._rng,
                 self.settings.tick_batch_size,
                 expires_after=self.settings.start_timeout,
+                share=share,
             )
         except Exception as exc:
             self._tick_failures += 1
@@ -448,27 +467,6 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         self._tick_failures = 0
         self._succeeded("tick")
         return result
-
-    def _sweep_definitions(self, now: datetime) -> None:
-        """Drop the cached definitions of schedules that no longer exist, once the cache has grown.
-
-        A removal's notification only drops its copy when it arrives (never on SQLite); a
-        beat that lives for months through per-tenant churn would otherwise keep every
-        schedule it ever ran. After each tick, a cache grown by :func:`~.definitions.sweep_slack`
-        since the last sweep is swept against the schedule names (one index-only read): it
-        holds at most the schedules present at the last sweep plus that slack.
-        """
-        resolver = self.resolver
-        if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
-            return
-        try:
-            live = self.store.schedule_names()
-        except Exception as exc:
-            self._failed("definition sweep", exc, now)
-            return
-        resolver.keep_only(live)
-        self._failing_rows.intersection_update(live)  # a set-aside schedule removed meanwhile
-        self._swept_size, self._swept_live = len(resolver), len(live)
 
     def _terminate_replaced(self, run_ids: list[str]) -> None:
         """Ask the workers to terminate the runs a committed tick replaced (``replace``).
@@ -562,6 +560,8 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             logger.warning("celery_boundedbeat: dispatcher did not stop within %g s; abandoning it", grace)
         elif self._dispatcher is not None:
             last_drain(self._dispatcher, grace)
+        if self._share is not None:
+            self._share.leave()
         if self._retention_loop is not None and not self._retention_loop.stop(grace):
             logger.warning("celery_boundedbeat: retention did not stop within %g s; abandoning it", grace)
         if self._listener is not None:

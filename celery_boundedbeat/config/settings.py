@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 from ..core.exceptions import ConfigurationError
+from ..core.partitions import MAX_PARTITIONS, is_power_of_two
 from ..core.unstarted import DEFAULT_UNSTARTED_WARNING
 
 DEFAULT_DATABASE_URL = "sqlite:///celerybeat-boundedbeat.sqlite3"
@@ -78,6 +79,9 @@ class Settings:
     #: Leader lease time-to-live and renewal period, in seconds.
     lease_ttl: float = 15.0
     lease_renew_interval: float = 5.0
+    #: Schedules are split into this many partitions (a power of two up to 1024), and every
+    #: live beat ticks its share of them; 1: one beat (the lease holder) ticks every schedule.
+    partitions: int = 1
     #: Seconds background loops get to finish on shutdown.
     shutdown_grace: float = 10.0
     #: Delete finished runs older than this many days (``None`` keeps everything).
@@ -223,6 +227,14 @@ def _check_value(name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
     elif name == "default_policy":
         if not isinstance(raw, Mapping):
             return None, f"must be a dict, got {type(raw).__name__}"
+    elif name == "partitions":
+        if (
+            isinstance(raw, bool)
+            or not isinstance(raw, int)
+            or not is_power_of_two(raw)
+            or raw > MAX_PARTITIONS
+        ):
+            return None, f"must be a power of two from 1 to {MAX_PARTITIONS} (1, 2, 4, ... 1024), got {raw!r}"
     elif name in ("auto_migrate", "dispatch_enabled", "skip_duplicate_deliveries"):
         if not isinstance(raw, bool):
             return None, f"must be True or False, got {raw!r}"

@@ -52,6 +52,11 @@ class Sql:
         """This statement with ``clause`` in front (both dialects)."""
         return Sql(clause + self.postgresql, None if self.sqlite is None else clause + self.sqlite)
 
+    def after(self, clause: Sql) -> Sql:
+        """This statement with ``clause`` in front, each dialect's text with its own."""
+        sqlite = (clause.sqlite or clause.postgresql) + (self.sqlite or self.postgresql)
+        return Sql(clause.postgresql + self.postgresql, sqlite)
+
 
 @cache
 def _text(sql: Sql, dialect: str) -> str:

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from sqlalchemy import Select, delete, func, or_, select
+from sqlalchemy.orm import Session
+
 from ..core.partitions import TrustWindow, plan
+from .database import Database
+from .tables import LeaseRow
 
 #: The lease-row name prefixes: one member row per live beat, one claim row per owned partition.
 MEMBER_PREFIX = "member:"
@@ -143,3 +148,128 @@ class PartitionKeeper:
         self._trust.dropped(self.held)
         self.held = frozenset()
         self._store.leave(self.member)
+
+
+#: Woken when a beat joins or leaves or gives partitions up: the others re-plan at once.
+BEATS_CHANNEL = "boundedbeat_beats"
+
+
+class PartitionRows:
+    """The member and claim rows in ``boundedbeat_leases`` (the :class:`PartitionStore` calls).
+
+    Expiry is judged by the database's clock on PostgreSQL, so beats on hosts whose clocks
+    disagree still agree on who holds what (SQLite: the one host's clock). Claims are locked
+    in name order, so two beats claiming at once never deadlock.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def _now(self, s: Session, fallback: datetime) -> datetime:
+        if not self.db.is_postgres:
+            return fallback
+        found: datetime = s.execute(select(func.now())).scalar_one()
+        return found.astimezone(UTC)
+
+    def renew_member(self, member: str, now: datetime, ttl: float) -> list[str]:
+        name = f"{MEMBER_PREFIX}{member}"
+        with self.db.session() as s:
+            at = self._now(s, now)
+            row = s.get(LeaseRow, name, with_for_update=True)
+            if row is None:
+                s.add(
+                    LeaseRow(
+                        name=name, holder=member, acquired_at=at, renewed_at=at, expires_at=_after(at, ttl)
+                    )
+                )
+                self.db.notify(s, BEATS_CHANNEL, member)
+            else:
+                row.renewed_at, row.expires_at = at, _after(at, ttl)
+            # Members dead for a whole ttl are forgotten (a restarted beat is a new member).
+            s.execute(
+                delete(LeaseRow).where(
+                    LeaseRow.name.startswith(MEMBER_PREFIX), LeaseRow.expires_at < at - timedelta(seconds=ttl)
+                )
+            )
+            live = select(LeaseRow.holder).where(
+                LeaseRow.name.startswith(MEMBER_PREFIX), LeaseRow.expires_at > at
+            )
+            return sorted({*s.scalars(live), member})
+
+    def claim_partitions(self, member: str, partitions: Iterable[int], now: datetime, ttl: float) -> set[int]:
+        names = sorted(claim_name(p) for p in partitions)
+        got: set[int] = set()
+        if not names:
+            return got
+        with self.db.session() as s:
+            at = self._now(s, now)
+            rows = {r.name: r for r in s.scalars(_locked(names))}
+            for name in names:
+                row = rows.get(name)
+                if row is None:
+                    s.add(
+                        LeaseRow(
+                            name=name,
+                            holder=member,
+                            acquired_at=at,
+                            renewed_at=at,
+                            expires_at=_after(at, ttl),
+                        )
+                    )
+                elif row.holder == member or row.expires_at <= at:
+                    if row.holder != member:
+                        row.holder, row.acquired_at = member, at
+                    row.renewed_at, row.expires_at = at, _after(at, ttl)
+                else:
+                    continue
+                got.add(int(name.removeprefix(PARTITION_PREFIX)))
+        return got
+
+    def release_partitions(self, member: str, partitions: Iterable[int]) -> None:
+        names = [claim_name(p) for p in partitions]
+        with self.db.session() as s:
+            s.execute(delete(LeaseRow).where(LeaseRow.name.in_(names), LeaseRow.holder == member))
+            self.db.notify(s, BEATS_CHANNEL, member)
+
+    def leave(self, member: str) -> None:
+        with self.db.session() as s:
+            s.execute(
+                delete(LeaseRow).where(
+                    LeaseRow.holder == member,
+                    or_(
+                        LeaseRow.name.startswith(PARTITION_PREFIX),
+                        LeaseRow.name == f"{MEMBER_PREFIX}{member}",
+                    ),
+                )
+            )
+            self.db.notify(s, BEATS_CHANNEL, member)
+
+    def owners(self, now: datetime) -> dict[int, str]:
+        """Each claimed partition's live owner (read-only: ``status``, ``beats``)."""
+        with self.db.session() as s:
+            at = self._now(s, now)
+            rows = s.execute(
+                select(LeaseRow.name, LeaseRow.holder).where(
+                    LeaseRow.name.startswith(PARTITION_PREFIX), LeaseRow.expires_at > at
+                )
+            )
+            return {int(name.removeprefix(PARTITION_PREFIX)): holder for name, holder in rows}
+
+    def members(self, now: datetime) -> list[tuple[str, datetime, datetime]]:
+        """The live beats: ``(id, joined at, renewed at)``, oldest first (read-only)."""
+        with self.db.session() as s:
+            at = self._now(s, now)
+            rows = s.execute(
+                select(LeaseRow.holder, LeaseRow.acquired_at, LeaseRow.renewed_at)
+                .where(LeaseRow.name.startswith(MEMBER_PREFIX), LeaseRow.expires_at > at)
+                .order_by(LeaseRow.acquired_at, LeaseRow.holder)
+            )
+            return [(holder, joined, renewed) for holder, joined, renewed in rows]
+
+
+def _after(at: datetime, ttl: float) -> datetime:
+    return at + timedelta(seconds=ttl)
+
+
+def _locked(names: list[str]) -> Select[LeaseRow]:
+    return select(LeaseRow).where(LeaseRow.name.in_(names)).order_by(LeaseRow.name).with_for_update()

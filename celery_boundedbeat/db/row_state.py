@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 from ..core.enums import StopReason
+from ..core.partitions import slot_of
 from ..core.spec import EntrySpec
 from ..core.ticks import RetryDue, ScheduleState
 from .tables import ScheduleRow, new_incarnation
@@ -54,6 +55,7 @@ def zero_values(name: str, now: datetime, *, origin: str = CONFIG) -> dict[str, 
         "backfill": [],
         "retries": [],
         "retried": 0,
+        "slot": slot_of(name),
         "grid_runs": 0,
         "consecutive_failures": 0,
         "version": 1,

@@ -199,13 +199,14 @@ class Store:
         limit: int,
         *,
         expires_after: float | None = None,
+        share: tick_.Share | None = None,
     ) -> TickResult:
-        """Handle every due schedule in one transaction (:func:`.tick.tick`)."""
-        return tick_.tick(self.db, specs, now, rng, limit, expires_after=expires_after)
+        """Handle every due schedule (of ``share``) in one transaction (:func:`.tick.tick`)."""
+        return tick_.tick(self.db, specs, now, rng, limit, expires_after=expires_after, share=share)
 
-    def next_due_at(self) -> datetime | None:
-        """When the earliest schedule is due (an index lookup, not a scan)."""
-        return tick_.next_due_at(self.db)
+    def next_due_at(self, share: tick_.Share | None = None) -> datetime | None:
+        """When the earliest schedule (of ``share``) is due (an index lookup, not a scan)."""
+        return tick_.next_due_at(self.db, share)
 
     # -- schedules: pause, trigger, backfill ------------------------------------------------
 

@@ -84,6 +84,9 @@ class ScheduleRow(Base):
     #: This incarnation of the name: set when the row is created (an add, or a config entry's
     #: first reconcile) and never changed or reused. Its runs carry it and settle only onto it.
     incarnation: Mapped[str] = mapped_column(String(36), unique=True, default=new_incarnation)
+    #: The schedule's hash slot (``core.partitions.slot_of(name)``, 0-1023): with
+    #: ``boundedbeat_partitions = P`` it is ticked by the owner of partition ``slot % P``.
+    slot: Mapped[int] = mapped_column(Integer, default=0)
     task: Mapped[str] = mapped_column(String(MAX_TASK_NAME))
     mode: Mapped[str] = mapped_column(String(32))
     policy: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any, cast
 
 from sqlalchemy import Table, delete, select, update
@@ -154,16 +155,54 @@ def record_outcome(
         result.emitted.append(emitted)
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """The partitions a beat ticks (``boundedbeat_partitions`` > 1): ``mine`` of ``count``."""
+
+    count: int
+    mine: tuple[int, ...]
+
+    def params(self) -> dict[str, Any]:
+        return {"nparts": self.count, "parts": list(self.mine)}
+
+
+#: The schedules of the beat's partitions (:class:`Share`), as a clause in front of a condition.
+IN_SHARE = Sql(
+    "(slot %% %(nparts)s) = ANY(CAST(%(parts)s AS int[])) AND ",
+    sqlite="(slot % :nparts) IN (SELECT value FROM json_each(:parts)) AND ",
+)
+
+
+def _within(sql: Sql, share: Share | None, params: dict[str, Any]) -> tuple[Sql, dict[str, Any]]:
+    """``sql`` (a condition) limited to the share's partitions, with their parameters."""
+    if share is None:
+        return sql, params
+    return sql.after(IN_SHARE), {**params, **share.params()}
+
+
 #: The due schedules, earliest first.
 _DUE = "next_due_at <= %(now)s AND paused IS false AND stopped IS false ORDER BY next_due_at LIMIT %(limit)s"
 #: The tick's query: the due schedules, skipping rows another transaction holds (SQLite has one
 #: writer, whose transaction holds every row it reads).
 DUE = Sql(_DUE + " FOR UPDATE SKIP LOCKED", sqlite=_DUE)
-_DUE_NAMES = Sql(f"SELECT name FROM {SCHEDULES.name} WHERE {_DUE}")
 _NEXT_DUE = f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE paused IS false AND stopped IS false"
 #: The earliest due time; a tick that queued runs also wakes the dispatchers (PostgreSQL).
 NEXT_DUE = Sql(_NEXT_DUE)
 _NOTIFY_NEXT_DUE = Sql(f"SELECT ({_NEXT_DUE}), pg_notify(%(c)s, '')", sqlite=_NEXT_DUE)
+
+
+@cache
+def _next_due_sql(shared: bool, notify: bool) -> Sql:
+    """:data:`NEXT_DUE` (``notify``: with the dispatchers' wake-up), in a share if ``shared``."""
+    if not shared:
+        return _NOTIFY_NEXT_DUE if notify else NEXT_DUE
+    where = Sql("paused IS false AND stopped IS false").after(IN_SHARE)
+    inner = where.prefixed(f"SELECT min(next_due_at) FROM {SCHEDULES.name} WHERE ")
+    if not notify:
+        return inner
+    return Sql(f"SELECT ({inner.postgresql}), pg_notify(%(c)s, '')", sqlite=inner.sqlite or inner.postgresql)
+
+
 _DUE_AT = (SCHEDULES.c.next_due_at,)
 RUNS = cast(Table, RunRow.__table__)
 QUEUE = cast(Table, QueueRow.__table__)
@@ -224,6 +263,7 @@ def tick(
     limit: int,
     *,
     expires_after: float | None = None,
+    share: Share | None = None,
 ) -> TickResult:
     """Handle every due schedule in one transaction: reserve slots, write runs and queue rows.
 
@@ -234,10 +274,11 @@ def tick(
 
     A batch that fails on its data (not an outage) is done again one schedule per
     transaction (:meth:`_tick_one_by_one`): one bad row cannot stop every other schedule.
+    ``share``: only the schedules of these partitions (partitioned beats), due or next due.
     """
     resolve = specs if callable(specs) else (lambda row: specs.get(row.name))
     try:
-        return _tick_batch(db, resolve, now, rng, limit, expires_after)
+        return _tick_batch(db, resolve, now, rng, limit, expires_after, share=share)
     except Exception as exc:
         if is_outage(exc):
             raise
@@ -247,7 +288,7 @@ def tick(
             type(exc).__name__,
             clip_error(str(exc)),
         )
-    return _tick_one_by_one(db, resolve, now, rng, limit, expires_after)
+    return _tick_one_by_one(db, resolve, now, rng, limit, expires_after, share)
 
 
 def _tick_one_by_one(
@@ -257,6 +298,7 @@ def _tick_one_by_one(
     rng: random.Random,
     limit: int,
     expires_after: float | None,
+    share: Share | None = None,
 ) -> TickResult:
     """Each due schedule in a transaction of its own; one that fails is set aside.
 
@@ -265,11 +307,13 @@ def _tick_one_by_one(
     other schedule is ticked as usual.
     """
     with db.session() as s:
-        names = [name for (name,) in Driver.of(s).rows(_DUE_NAMES, {"now": now, "limit": limit})]
+        where, params = _within(Sql(_DUE), share, {"now": now, "limit": limit})
+        due_names = where.prefixed(f"SELECT name FROM {SCHEDULES.name} WHERE ")
+        names = [name for (name,) in Driver.of(s).rows(due_names, params)]
     result = TickResult(now=now)
     for name in names:
         try:
-            one = _tick_batch(db, resolve, now, rng, 1, expires_after, only=name)
+            one = _tick_batch(db, resolve, now, rng, 1, expires_after, only=name, share=share)
         except Exception as exc:
             if is_outage(exc):
                 raise
@@ -285,7 +329,7 @@ def _tick_one_by_one(
         result.outcomes.update(one.outcomes)
         result.unusable.extend(one.unusable)
         result.revoked.extend(one.revoked)
-    result.next_due_at = next_due_at(db)
+    result.next_due_at = next_due_at(db, share)
     return result
 
 
@@ -298,19 +342,20 @@ def _tick_batch(
     expires_after: float | None,
     *,
     only: str | None = None,
+    share: Share | None = None,
 ) -> TickResult:
     """One tick transaction over the due rows (``only``: that one schedule, if due)."""
     result = TickResult(now=now)
     with db.session() as s:
         driver = Driver.of(s)
-        due, params = DUE, {"now": now, "limit": limit}
+        due, params = _within(DUE, share, {"now": now, "limit": limit})
         if only is not None:
             due, params = due.prefixed("name = %(name)s AND "), {**params, "name": only}
         with driver.pipeline():  # BEGIN goes with the query
             held = hold(s, due, params, leave_out=TICK_LEAVES_OUT)
         prefetch_definitions(s, held, resolve)
         decided = decide_due(s, held, resolve, now, rng, expires_after, result)
-        result.next_due_at = _write_tick(driver, held, decided)
+        result.next_due_at = _write_tick(driver, held, decided, share)
     return result
 
 
@@ -365,7 +410,9 @@ def decide_due(
     return decided
 
 
-def _write_tick(driver: Driver, held: HeldRows, decided: Decided) -> datetime | None:
+def _write_tick(
+    driver: Driver, held: HeldRows, decided: Decided, share: Share | None = None
+) -> datetime | None:
     """A tick's writes and its look at the next due time, in one round trip: returns that time.
 
     On a machine busy with other work (a thousand schedule changes a second), each round
@@ -378,9 +425,12 @@ def _write_tick(driver: Driver, held: HeldRows, decided: Decided) -> datetime | 
         insert_document(driver, RUNS, decided.runs)
         if decided.queue:
             insert_document(driver, QUEUE, decided.queue)
-            (found,) = driver.one(_NOTIFY_NEXT_DUE, {"c": QUEUE_CHANNEL}, _DUE_AT)[:1]
+            woken = {"c": QUEUE_CHANNEL, **(share.params() if share else {})}
+            (found,) = driver.one(_next_due_sql(share is not None, True), woken, _DUE_AT)[:1]
         else:
-            (found,) = driver.one(NEXT_DUE, None, _DUE_AT)
+            (found,) = driver.one(
+                _next_due_sql(share is not None, False), share.params() if share else None, _DUE_AT
+            )
     return cast(datetime | None, found)
 
 
@@ -432,8 +482,9 @@ def _insert_if_free(s: Session, table: Table) -> Any:
     )
 
 
-def next_due_at(db: Database) -> datetime | None:
-    """When the earliest schedule is due (an index lookup, not a scan)."""
+def next_due_at(db: Database, share: Share | None = None) -> datetime | None:
+    """When the earliest schedule (of the share) is due (an index lookup, not a scan)."""
     with db.session() as s:
-        (found,) = Driver.of(s).one(NEXT_DUE, None, _DUE_AT)
+        sql = _next_due_sql(share is not None, False)
+        (found,) = Driver.of(s).one(sql, share.params() if share else None, _DUE_AT)
     return cast(datetime | None, found)
