@@ -45,6 +45,7 @@ from sqlalchemy import Connection, Engine, func, select
 from ..core.enums import RunState
 from ..core.unstarted import DEFAULT_UNSTARTED_WARNING, Unstarted
 from ..db.lease import LEASE_NAME
+from ..db.partitions import PARTITION_PREFIX
 from ..db.tables import LeaseRow, OutboxExpiredRow, QueueRow, RunRow, ScheduleRow
 from ..db.unstarted import read_unstarted
 
@@ -131,6 +132,8 @@ class MetricsSnapshot:
     drifts: Mapping[str, Distribution] = field(default_factory=dict)
     #: Per schedule, the published runs no worker started within ``boundedbeat_unstarted_warning``.
     unstarted: tuple[Unstarted, ...] = ()
+    #: Partitioned beats: how many partitions each live beat holds (empty with one partition).
+    partitions_by_beat: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def lease_live(self) -> bool:
@@ -174,6 +177,12 @@ def read_snapshot(
         ).first()
         durations, drifts = _recent(conn, now)
         unstarted = read_unstarted(conn, now, unstarted_after)
+        by_beat = conn.execute(
+            select(LeaseRow.holder, func.count())
+            .where(LeaseRow.name.startswith(PARTITION_PREFIX), LeaseRow.expires_at > now)
+            .group_by(LeaseRow.holder)
+        )
+        partitions_by_beat = {str(holder): int(count) for holder, count in by_beat}
     return MetricsSnapshot(
         taken_at=now,
         schedules=schedules,
@@ -187,6 +196,7 @@ def read_snapshot(
         durations=durations,
         drifts=drifts,
         unstarted=unstarted,
+        partitions_by_beat=partitions_by_beat,
     )
 
 
@@ -297,6 +307,15 @@ class SnapshotCollector(Collector):
                 "Unix time of the lease holder's last tick (its last lease renewal)",
                 snap.lease_renewed_at.timestamp(),
             )
+        if snap.partitions_by_beat:
+            owned = GaugeMetricFamily(
+                "boundedbeat_beat_partitions",
+                "Partitions each live beat ticks (partitioned beats)",
+                labels=["beat"],
+            )
+            for beat, count in sorted(snap.partitions_by_beat.items()):
+                owned.add_metric([beat], float(count))
+            yield owned
         yield _gauge(
             "boundedbeat_metrics_snapshot_timestamp_seconds",
             "Unix time the metrics were read from the database",

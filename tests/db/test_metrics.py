@@ -350,3 +350,27 @@ def test_an_empty_host_or_a_zero_refresh_interval_is_refused(key: str, raw: obje
     with pytest.raises(ConfigurationError) as info:
         Settings.from_conf({f"boundedbeat_{key}": raw})
     assert info.value.problems[0][1] == f"boundedbeat_{key}"
+
+
+def lease_row(name: str, holder: str, expires: datetime) -> LeaseRow:
+    return LeaseRow(name=name, holder=holder, acquired_at=NOW, renewed_at=NOW, expires_at=expires)
+
+
+def test_partitioned_beats_show_how_many_partitions_each_beat_ticks(migrated: Engine) -> None:
+    """``boundedbeat_beat_partitions{beat}`` from the live claims; expired claims and members do not count."""
+    with Session(migrated) as s, s.begin():
+        for n, holder in enumerate(["b1", "b1", "b2", "b3"]):
+            expires = NOW + _s(10) if holder != "b3" else NOW - _s(1)
+            claim = LeaseRow(
+                name=f"partition:{n}", holder=holder, acquired_at=NOW, renewed_at=NOW, expires_at=expires
+            )
+            s.add(claim)
+        s.add(
+            LeaseRow(name="member:b1", holder="b1", acquired_at=NOW, renewed_at=NOW, expires_at=NOW + _s(10))
+        )
+    snap = read_snapshot(migrated, NOW)
+    assert snap.partitions_by_beat == {"b1": 2, "b2": 1}
+    parsed = samples(exposition(snap))
+    assert value(parsed, "boundedbeat_beat_partitions", beat="b1") == 2
+    assert value(parsed, "boundedbeat_beat_partitions", beat="b2") == 1
+    assert not any(name == "boundedbeat_beat_partitions" for name, _ in samples(exposition(SNAPSHOT)))
