@@ -35,7 +35,9 @@ class _Conn:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def execute(self, sql: str, params: dict[str, Any]) -> None:
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        if params is None:  # the connection's settings
+            return
         self.statements.append(sql)
         self.due = params["due"]
         if len(self.statements) == 1:
