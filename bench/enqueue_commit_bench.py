@@ -9,12 +9,14 @@ per-process waker sends one after the commits, at most one per window. This runs
 
 * ``inline``: the old way, the same insert plus ``SELECT pg_notify('boundedbeat_queue', '')``
   in the transaction (what ``enqueue()`` did before);
-* ``after commit``: ``enqueue()`` as it is.
+* ``after commit``: ``enqueue()`` as it is, on a SQLAlchemy ``Connection`` (``engine.begin()``);
+* ``session``: ``enqueue()`` on a SQLAlchemy ``Session``.
 
 A connection LISTENs on the channel throughout, as a dispatcher does, and counts what it
 hears. Prints each round's commits per second, the medians and their ratio.
 
-Usage: ``.venv/bin/python bench/enqueue_commit_bench.py [--clients 8] [--seconds 10] [--rounds 3]``.
+Usage: ``.venv/bin/python bench/enqueue_commit_bench.py [--clients 8] [--seconds 10] [--rounds 3]
+[--flush-delay-us N]`` (``commit_delay`` of the clients' sessions: a slower WAL flush).
 Needs PostgreSQL on 127.0.0.1:5432 (user ``postgres``); it creates and drops a database
 ``bb_bench_enqueue_*``.
 """
@@ -159,10 +161,10 @@ def main() -> None:
                 rate, heard = one_round(db, mode, args.clients, args.seconds, args.flush_delay_us)
                 rates[mode].append(rate)
                 print(f"round {r} {mode:>12}: {rate:8,.0f} commits/s, {heard:,} notifications heard")
-        inline, after, _ = (statistics.median(rates[m]) for m in MODES)
+        inline, after, session = (statistics.median(rates[m]) for m in MODES)
         print(
-            f"median: inline {inline:,.0f} commits/s, after commit {after:,.0f} commits/s,"
-            f" ratio {after / inline:.2f}"
+            f"median: inline {inline:,.0f} commits/s, after commit {after:,.0f} commits/s"
+            f" (ratio {after / inline:.2f}), session {session:,.0f} commits/s (ratio {session / inline:.2f})"
         )
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as admin:

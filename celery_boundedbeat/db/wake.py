@@ -125,7 +125,7 @@ class Waker:
         A ``NOTIFY`` gives its transaction an id, so its commit writes a commit record; with
         ``synchronous_commit`` on, each wake-up would wait for a flush of its own while holding
         the notification lock, beside the application's. A notification has nothing to lose in
-        a crash: the rows it announces are committed (and flushed) already.
+        a crash: the rows it announces are committed already.
         """
         conn = self._connect()
         conn.autocommit = True
