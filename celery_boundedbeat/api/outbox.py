@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import insert, text
+from sqlalchemy import ColumnElement, Connection, Engine, insert, literal_column
+from sqlalchemy.orm import Session, scoped_session
 
 from ..core.limits import MAX_TASK_ID, MAX_TASK_NAME, text_problem
 from ..db.store import QUEUE_CHANNEL, utcnow
 from ..db.tables import QueueRow
+from .after_commit import connection_wakes, connection_xid_wanted, django_wakes, session_wakes
 from .unmigrated import explain_enqueue_failure
+
+#: The enqueuing transaction's id (``xid8`` as text), returned by the first insert of a transaction.
+_XID: ColumnElement[str] = literal_column("pg_current_xact_id()::text")
 
 
 def enqueue(
@@ -25,6 +30,8 @@ def enqueue(
     ``connection`` is a SQLAlchemy ``Connection`` or ``Session`` (or a Django
     ``connection``) on the celery_boundedbeat database. The row is visible to the
     dispatcher only when the caller commits, so a rolled-back transaction never publishes.
+    On PostgreSQL the dispatchers are woken after that commit, never by a ``NOTIFY`` in the
+    caller's transaction (its commit would queue behind every other notifying commit).
     On a database without the tables it raises :class:`DatabaseNotMigratedError` (the
     caller's transaction has failed; roll it back).
     """
@@ -52,10 +59,7 @@ def enqueue(
     try:
         sqlalchemy = hasattr(connection, "execute") and hasattr(connection, "dialect")
         if sqlalchemy or hasattr(connection, "get_bind"):
-            connection.execute(insert(QueueRow).values(**values))
-            dialect = connection.dialect if hasattr(connection, "dialect") else connection.get_bind().dialect
-            if dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_notify(:c, '')"), {"c": QUEUE_CHANNEL})
+            _enqueue_sqlalchemy(connection, values)
             return task_id
         return _enqueue_django(connection, values)
     except Exception as exc:  # SQLAlchemy's or Django's wrapper of the driver's error
@@ -63,6 +67,32 @@ def enqueue(
         if explained is None:
             raise
         raise explained from exc
+
+
+def _enqueue_sqlalchemy(
+    connection: Connection | Session | scoped_session[Any], values: dict[str, Any]
+) -> None:
+    """Insert the row; on PostgreSQL the dispatchers are woken once the caller commits."""
+    statement = insert(QueueRow).values(**values)
+    if isinstance(connection, scoped_session):
+        _enqueue_sqlalchemy(connection(), values)  # this thread's session
+        return
+    if isinstance(connection, Session):
+        bind = connection.get_bind()
+        connection.execute(statement)
+        if bind.dialect.name == "postgresql":
+            session_wakes(connection, bind if isinstance(bind, Engine) else bind.engine)
+        return
+    if connection.dialect.name != "postgresql":
+        connection.execute(statement)
+        return
+    xid = None
+    if connection_xid_wanted(connection):
+        # the transaction's id, for the waker to see it commit: in this statement, no round trip
+        xid = connection.execute(statement.returning(_XID)).scalar_one()
+    else:
+        connection.execute(statement)
+    connection_wakes(connection, xid)
 
 
 def _enqueue_django(connection: Any, values: dict[str, Any]) -> str:
@@ -87,6 +117,6 @@ def _enqueue_django(connection: Any, values: dict[str, Any]) -> str:
                 else values["enqueued_at"].replace(tzinfo=None),
             ],
         )
-        if vendor == "postgresql":
+        if vendor == "postgresql" and not django_wakes(connection):
             cursor.execute("SELECT pg_notify(%s, '')", [QUEUE_CHANNEL])
     return str(values["task_id"])

@@ -212,6 +212,36 @@ def _start_redis(port: int, tmp_path: Path) -> subprocess.Popen[bytes]:
     pytest.fail(f"redis-server did not start on port {port}")
 
 
+@pytest.mark.timeout(90)
+def test_an_idle_dispatcher_is_woken_by_the_commit_of_an_enqueue(
+    tmp_path: Path, pg_url: str, pg_engine: Engine, queue_name: str
+) -> None:
+    """The wake-up sent after the caller's commit reaches a dispatcher that would sleep a minute.
+
+    enqueue() sends no NOTIFY in the caller's transaction; its process sends one after the
+    commit. With a 60 s idle interval only that notification can bring a row out in seconds.
+    """
+    slow = "app.conf.boundedbeat_dispatch_interval = app.conf.boundedbeat_dispatch_max_interval = 60.0"
+    _write_app(tmp_path, "woken", RABBIT, pg_url, queue_name, extra=slow)
+    proc = _start_dispatcher(tmp_path, "woken", "d.log")
+    try:
+        # Its listener looks once when it starts listening: a first row shows it is past that.
+        _enqueue_many(pg_engine, 1)
+        _wait(lambda: _queue_depth(pg_engine) == 0, 30, "the first row to publish", [tmp_path / "d.log"])
+        for what in ("a Connection's commit", "a Session's commit"):
+            committed = time.monotonic()
+            if what.startswith("a Connection"):
+                _enqueue_many(pg_engine, 1)
+            else:
+                with Session(pg_engine) as session, session.begin():
+                    celery_boundedbeat.enqueue(session, "tests.noop")
+            _wait(lambda: _queue_depth(pg_engine) == 0, 20, f"the row of {what}", [tmp_path / "d.log"])
+            assert time.monotonic() - committed < 20
+    finally:
+        assert _stop(proc) == 0
+    assert len(_drain_broker(RABBIT, queue_name, expect=3)) == 3
+
+
 @pytest.mark.timeout(120)
 def test_a_broker_outage_loses_nothing_and_is_logged_once(
     tmp_path: Path, pg_url: str, pg_engine: Engine, queue_name: str
