@@ -345,7 +345,10 @@ def health(
         ctx.exit(1)
     unstarted = settings.unstarted_warning if max_unstarted_age is None else max_unstarted_age
     bounds = Bounds(
-        max_tick_age=max_tick_age, max_queue_age=max_queue_age or None, max_unstarted_age=unstarted or None
+        max_tick_age=max_tick_age,
+        max_queue_age=max_queue_age or None,
+        max_unstarted_age=unstarted or None,
+        partitions=settings.partitions,
     )
     refusal = bound_refusal(bounds, settings.lease_renew_interval)
     if refusal is not None:  # the probe's own arguments are wrong, not the beat: exit 2

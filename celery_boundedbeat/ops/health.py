@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, func, literal, select
+from sqlalchemy import Connection, Engine, func, literal, select
 
 from ..core.exceptions import BoundedBeatError
 from ..core.redact import driver_reason, mask_url, scrub
@@ -28,6 +28,7 @@ from ..core.unstarted import DEFAULT_UNSTARTED_WARNING, Unstarted, describe
 from ..db.engine import get_engine
 from ..db.faults import is_outage
 from ..db.lease import LEASE_NAME
+from ..db.partitions import PARTITION_PREFIX
 from ..db.tables import LeaseRow, QueueRow
 from ..db.unstarted import read_unstarted
 
@@ -51,6 +52,8 @@ class Problem(StrEnum):
     #: started them: their queue has no consumer (a typo in the entry's ``options``?) or
     #: every worker is down.
     UNSTARTED = "unstarted"
+    #: Partitioned beats: some partitions have no live beat ticking them.
+    UNOWNED = "unowned"
     #: The database could not be reached or read.
     DATABASE = "database"
 
@@ -67,6 +70,8 @@ class Bounds:
     #: Seconds a published run may wait for a worker to start it (``boundedbeat_unstarted_warning``
     #: by default); ``None``: not checked.
     max_unstarted_age: float | None = DEFAULT_UNSTARTED_WARNING
+    #: ``boundedbeat_partitions``: above 1, every partition must have a live owner.
+    partitions: int = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +84,8 @@ class BeatState:
     oldest_queued_due_at: datetime | None = None
     #: Per schedule, the published runs no worker started within ``max_unstarted_age``.
     unstarted: tuple[Unstarted, ...] = ()
+    #: Partitioned beats: the partitions no live beat holds.
+    unowned: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +129,7 @@ class Health:
                 for u in s.unstarted
             ],
             "max_unstarted_age": self.bounds.max_unstarted_age,
+            "unowned_partitions": list(s.unowned),
         }
 
 
@@ -159,6 +167,13 @@ def judge(state: BeatState, now: datetime, bounds: Bounds) -> Health:
             f"ago (bound {bounds.max_tick_age:g} s)"
         )
         return _verdict(Problem.STALLED, message, now, state, bounds)
+    if state.unowned:
+        message = (
+            f"partition(s) {', '.join(map(str, state.unowned))} of {bounds.partitions} have no live beat: "
+            "their schedules are not ticked (a beat stopped or died; the others take them over "
+            "within boundedbeat_lease_ttl and one renewal)"
+        )
+        return _verdict(Problem.UNOWNED, message, now, state, bounds)
     queue_age = _age(now, state.oldest_queued_due_at)
     if bounds.max_queue_age is not None and queue_age is not None and queue_age > bounds.max_queue_age:
         message = (
@@ -206,7 +221,7 @@ def database_failure(url: str, exc: BaseException, now: datetime, bounds: Bounds
 
 
 def read_beat_state(
-    engine: Engine, now: datetime | None = None, unstarted_after: float | None = None
+    engine: Engine, now: datetime | None = None, unstarted_after: float | None = None, partitions: int = 1
 ) -> BeatState:
     """The lease row and the oldest queue row's due time, in one ``SELECT``; with ``now`` and
     ``unstarted_after``, the published runs no worker started within that many seconds too.
@@ -223,15 +238,30 @@ def read_beat_state(
     with engine.connect() as conn:
         row = conn.execute(query).one()
         unstarted = () if now is None else read_unstarted(conn, now, unstarted_after)
+        unowned = () if now is None or partitions <= 1 else _unowned(conn, now, partitions)
     return BeatState(
-        holder=row[0], renewed_at=row[1], expires_at=row[2], oldest_queued_due_at=row[3], unstarted=unstarted
+        holder=row[0],
+        renewed_at=row[1],
+        expires_at=row[2],
+        oldest_queued_due_at=row[3],
+        unstarted=unstarted,
+        unowned=unowned,
     )
+
+
+def _unowned(conn: Connection, now: datetime, partitions: int) -> tuple[int, ...]:
+    """The partitions without a live claim (partitioned beats)."""
+    live = conn.scalars(
+        select(LeaseRow.name).where(LeaseRow.name.startswith(PARTITION_PREFIX), LeaseRow.expires_at > now)
+    )
+    held = {int(name.removeprefix(PARTITION_PREFIX)) for name in live}
+    return tuple(p for p in range(partitions) if p not in held)
 
 
 def probe(url: str, now: datetime, bounds: Bounds) -> Health:
     """Read and judge; a database that cannot be reached or read is a verdict, not an exception."""
     try:
-        state = read_beat_state(get_engine(url), now, bounds.max_unstarted_age)
+        state = read_beat_state(get_engine(url), now, bounds.max_unstarted_age, bounds.partitions)
     except Exception as exc:
         return database_failure(url, exc, now, bounds)
     return judge(state, now, bounds)

@@ -136,6 +136,7 @@ def test_the_json_form_carries_the_values_read() -> None:
         "unstarted_runs": 0,
         "unstarted": [],
         "max_unstarted_age": 300.0,
+        "unowned_partitions": [],
     }
 
 
@@ -300,3 +301,26 @@ def test_health_refuses_a_tick_bound_within_the_renew_interval(sqlite_url: str) 
     assert result.exit_code == 2
     assert "must be longer than boundedbeat_lease_renew_interval (5 s)" in result.output
     assert "unhealthy" not in result.output
+
+
+def test_partitions_without_a_live_beat_are_unhealthy_and_named() -> None:
+    """Partitioned beats: a partition nobody holds is not ticked, and the line says which."""
+    bounds = Bounds(max_tick_age=20.0, max_queue_age=300.0, partitions=4)
+    state = BeatState(holder="h:1:a", renewed_at=NOW - _s(1), expires_at=NOW + _s(10), unowned=(1, 3))
+    verdict = judge(state, NOW, bounds)
+    assert verdict.problem is Problem.UNOWNED
+    assert verdict.message.startswith("unhealthy: partition(s) 1, 3 of 4 have no live beat")
+    assert verdict.to_json()["unowned_partitions"] == [1, 3]
+    assert judge(held(1.0), NOW, bounds).healthy
+
+
+def test_the_read_finds_the_partitions_without_a_live_claim(migrated: Engine) -> None:
+    with migrated.begin() as conn:
+        for n, expires in ((0, NOW + _s(5)), (2, NOW - _s(1)), (3, NOW + _s(5))):
+            conn.execute(
+                insert(LeaseRow).values(
+                    name=f"partition:{n}", holder="b", acquired_at=NOW, renewed_at=NOW, expires_at=expires
+                )
+            )
+    assert read_beat_state(migrated, NOW, None, partitions=4).unowned == (1, 2)
+    assert read_beat_state(migrated, NOW, None).unowned == (), "one partition: the lease says it all"
