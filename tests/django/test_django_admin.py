@@ -296,3 +296,11 @@ def test_a_schedule_whose_run_no_worker_started_says_which_queue_it_waits_on(
     detail = page(client.get(f"{SCHEDULES}poll-partner/change/"))
     assert "waiting for a worker on queue nowhere" in detail
     assert "waiting for a worker" not in page(client.get(f"{SCHEDULES}export-report/change/"))
+
+
+def test_a_schedule_page_says_which_beat_ticks_it(store: Store, client_as: Any) -> None:
+    """The lease holder with one partition; nobody while no beat holds the lease."""
+    client = client_as("viewer")
+    assert "no live beat" in page(client.get(f"{SCHEDULES}export-report/change/"))
+    assert store.acquire_lease("beat", "web-1:812:5f0c1a2", datetime.now(UTC), 15)
+    assert "web-1:812:5f0c1a2" in page(client.get(f"{SCHEDULES}export-report/change/"))

@@ -54,7 +54,7 @@ from .models import Schedule
 from .pages import TablesAdmin, when_field
 from .recent import recent_runs, schedule_runs, unsuccessful_counts
 from .runs_admin import RunAdmin  # noqa: F401  (importing it registers the run pages)
-from .waiting import unstarted_runs
+from .waiting import ticked_by, unstarted_runs
 
 logger = logging.getLogger("celery_boundedbeat")
 
@@ -89,6 +89,7 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
                 "pending_runs",
                 "next_due_time",
                 "last_run_time",
+                "ticked_by",
             )
         },
     ),
@@ -102,6 +103,7 @@ STATE_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
                 "failures",
                 "skips",
                 "overlaps",
+                "retried",
                 "last_drift_ms",
                 "last_elapsed_ms",
                 "max_elapsed_ms",
@@ -340,6 +342,11 @@ class ScheduleAdmin(TablesAdmin):
     @admin.display(description="schedule")
     def readable_schedule(self, obj: Schedule) -> str:
         return describe_timing(_timing(obj), obj.period, obj.schedule)
+
+    @admin.display(description="ticked by")
+    def ticked_by(self, obj: Schedule) -> str:
+        """The beat that ticks it: the lease holder, or its partition's owner (partitioned beats)."""
+        return ticked_by(admin_database(), obj.slot)
 
     @admin.display(description="status")
     def status(self, obj: Schedule) -> SafeString:

@@ -68,6 +68,12 @@ class Schedule(models.Model):
     buffer_drops = models.BigIntegerField(help_text="Ticks dropped from the pending buffer.")
     replaced = models.BigIntegerField(help_text="Active runs revoked for a newer tick (replace).")
     overlaps = models.BigIntegerField(help_text="Runs started while another was active.")
+    retried = models.BigIntegerField(
+        help_text="Runs emitted again by the retry policy (attempts 2 and later)."
+    )
+    slot = models.IntegerField(
+        editable=False, help_text="Hash slot: partition slot % boundedbeat_partitions."
+    )
     failures = models.BigIntegerField(
         help_text="Runs that did not complete: failed, timed out, lost, rejected, revoked or replaced "
         "(the counts above name each)."
