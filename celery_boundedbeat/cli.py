@@ -545,12 +545,13 @@ EX_CONFIG = 78
 
 
 def _next_due_times(spec: Any, now: datetime, count: int) -> list[datetime]:
-    """The first ``count`` due times of a schedule first seen at ``now`` (grid times, no jitter)."""
+    """The first ``count`` due times of a schedule first seen at ``now`` (grid times, no jitter):
+    as beat starts it, so a past ``start_at`` shows the grid time in progress, due at once."""
     import random
 
-    from .core.ticks import initial_state
+    from .core.ticks import first_state
 
-    first = initial_state(spec.policy, spec.timing, now, random.Random(0))
+    first = first_state(spec, now, random.Random(0))
     if first.grid_at is None:  # fixed delay: later ones depend on when each run finishes
         return [first.next_due_at] if first.next_due_at is not None else []
     times = [first.grid_at]

@@ -81,3 +81,16 @@ def test_a_crontab_is_shown_with_its_zone_and_its_due_times_follow_it(app: Celer
     lines = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
     assert " in Asia/Kolkata" in lines["nightly"] and " in " not in lines["often"].split("proj.b")[1]
     assert lines["nightly"].count("21:00:00") == 2  # 02:30 at UTC+05:30
+
+
+def test_a_past_start_at_shows_the_grid_time_in_progress_first(app: Celery) -> None:
+    """As beat starts it: the interval's grid time in progress since ``start_at`` is due at once."""
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=25)
+    app.conf.beat_schedule = {"late": {"task": "proj.a", "schedule": 10.0, "policy": {"start_at": start}}}
+    result = run_check(app, "--count", "2")
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("late ")]
+    in_progress, following = start + timedelta(seconds=20), start + timedelta(seconds=30)
+    assert f"{in_progress:%Y-%m-%d %H:%M:%S}, {following:%Y-%m-%d %H:%M:%S}" in line, line
