@@ -21,7 +21,7 @@ from ..core.messages import clip_error
 from ..db.alertlog import TAKE_BATCH
 from ..db.lease import LeaseKeeper
 from ..db.retention import purge_pass
-from ..db.store import Store, utcnow
+from ..db.store import Store, TickResult, utcnow
 from ..signals import send as send_signals
 
 logger = logging.getLogger("celery_boundedbeat.beat")
@@ -207,8 +207,9 @@ class Housekeeping:
             None if record.error is None else clip_error(record.error),
         )
 
-    def _sweep_definitions(self, now: datetime) -> None:
-        """Drop the cached definitions of schedules that no longer exist, once the cache has grown.
+    def _sweep_definitions(self, now: datetime, result: TickResult | None = None) -> None:
+        """Drop the cached definitions of the schedules just ticked that are not due soon, and
+        those of schedules that no longer exist, once the cache has grown.
 
         A removal's notification only drops its copy when it arrives (never on SQLite); a
         beat that lives for months through per-tenant churn would otherwise keep every
@@ -217,6 +218,9 @@ class Housekeeping:
         holds at most the schedules present at the last sweep plus that slack.
         """
         resolver = self.resolver
+        if result is not None and result.outcomes:
+            due = {name: outcome.state.next_due_at for name, outcome in result.outcomes.items()}
+            resolver.forget_not_due_before(due, now + resolver.KEEP_DUE_WITHIN)
         if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
             return
         try:

@@ -309,7 +309,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
                         self._dispatch_loop.wake()
                 self._terminate_replaced(result.revoked)  # the tick has committed
                 send_signals(on_ticked(result.outcomes, now))
-                self._sweep_definitions(now)  # the tick's work is done: off its path
+                self._sweep_definitions(now, result)  # the tick's work is done: off its path
         else:
             result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
         if leading:

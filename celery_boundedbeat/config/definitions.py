@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
-from datetime import timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -197,6 +197,21 @@ class Resolver:
     def forget(self, name: str) -> None:
         """Drop a schedule's cached copy (it was changed or removed)."""
         self._cache.pop(name, None)
+
+    #: How far ahead a beat keeps the definitions of the schedules it ticked: those due later
+    #: are rebuilt from their rows when due (once per period for an hourly schedule), so a
+    #: million hourly schedules do not all stay in memory; those due sooner stay cached.
+    KEEP_DUE_WITHIN = timedelta(minutes=5)
+
+    def forget_not_due_before(self, due: Mapping[str, datetime | None], horizon: datetime) -> int:
+        """Drop the copies of the schedules in ``due`` (name: next due time) not due before
+        ``horizon``: a beat keeps in memory what comes due soon, not every schedule it ever
+        ticked. A schedule dropped is rebuilt from its row when it is next due. How many.
+        """
+        gone = [name for name, at in due.items() if at is None or at >= horizon]
+        for name in gone:
+            self._cache.pop(name, None)
+        return len(gone)
 
     def keep_only(self, names: Collection[str]) -> int:
         """Drop the copies of every schedule not in ``names`` (the schedules that exist); how many.

@@ -442,3 +442,29 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
         scheduler.close()
     assert locked_at_close == [False], "the close ran while the tick's transaction held its rows"
     assert scheduler._closed
+
+
+def test_a_beat_keeps_in_memory_only_the_definitions_of_schedules_due_soon(sqlite_url: str) -> None:
+    """Schedules ticked and next due later than the horizon are dropped from the cache, then
+    rebuilt from their rows when due again; those due soon stay."""
+    from celery_boundedbeat import add_schedule
+
+    app = _app(sqlite_url, boundedbeat_dispatch_enabled=False, boundedbeat_poll_interval=0.05)
+    scheduler = Scheduler(app)
+    try:
+        hourly = [f"hourly-{n}" for n in range(20)]
+        for name in hourly:
+            assert add_schedule(app, name, "proj.poll", 3600.0) == "scheduled"
+        assert add_schedule(app, "often", "proj.poll", 10.0) == "scheduled"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(scheduler.store.runs(limit=100)) < 21:
+            scheduler.tick()
+        assert len(scheduler.store.runs(limit=100)) == 21, "every schedule ticked once"
+        assert len(scheduler.resolver) == 1 and scheduler.resolver.needs_definition(
+            scheduler.store.schedules(["hourly-0"])[0]
+        ), "only the schedule due within the horizon is kept"
+        rows = {r.name: r for r in scheduler.store.schedules()}
+        assert not scheduler.resolver.needs_definition(rows["often"])
+        assert scheduler.resolver(rows["hourly-3"]) is not None, "rebuilt from its row when needed"
+    finally:
+        scheduler.close()
