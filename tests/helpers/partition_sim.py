@@ -5,10 +5,12 @@ pure :mod:`~celery_boundedbeat.core.partitions` code) against one fake database,
 clocks: the database's clock is the simulation's time (it alone decides expiry, as the real
 store does); each beat has a monotonic clock that runs slightly fast or slow (drift) and a wall
 clock off by a fixed offset. Faults: crashes (no leave; a restart is a new member), freezes
-longer than the TTL (``stop``: the process is stopped and its monotonic clock runs on;
+longer than the TTL (``freeze``: the process is stopped and its monotonic clock runs on;
 ``suspend``: the host sleeps and its monotonic clock stops while the wall clock does not),
 database latency spikes (a call started inside one reaches the database late and returns
-later still), outages (calls fail), joins and graceful leaves (``keeper.leave()``).
+later still), outages (calls fail), ``flaky`` claims (the claim fails after the renewal and
+release went through), wall clock steps (corrected later), joins and graceful leaves
+(``keeper.leave()``). A failing history replays exactly from its seed.
 
 A beat's step: ``keeper.keep()``, then for each schedule in its acting partitions, publish the
 grid times its wall clock says are due. A beat keeps each acting partition's next grid times
@@ -48,12 +50,12 @@ MAX_DRIFT = 0.02
 MAX_OFFSET = 1.0
 #: How late a grid time may be published outside any fault: a cooperative handover leaves a
 #: partition unowned from the releaser's renewal until the new owner's next renewal (one renew
-#: interval, and one more when the views of the members differ for a renewal), plus a step, the
-#: publisher's wall clock offset and the drift of those intervals.
-LATE = 2 * RENEW * (1 + MAX_DRIFT) + STEP + MAX_OFFSET + 0.5
+#: interval, and one more when the views of the members differ for a renewal), plus the
+#: publisher's wall clock offset, the drift of those intervals and a nap. (Measured: at most 9 s.)
+LATE = 2 * RENEW * (1 + MAX_DRIFT) + MAX_OFFSET + NAP
 #: After a fault ends, how long the others may still need to take its partitions over: the
 #: claims and member rows expire a TTL after the last renewal, and the next renewal claims them.
-RECOVERY = TTL + 2 * RENEW * (1 + MAX_DRIFT) + STEP + MAX_OFFSET + 0.5
+RECOVERY = TTL + LATE
 
 
 @functools.lru_cache(maxsize=256)
@@ -356,6 +358,25 @@ class Sim:
 
         self.at(self.t + seconds, thaw)
 
+    def step_clock(self, slot: int, seconds: float, lasting: float) -> None:
+        """The beat's wall clock is stepped wrong, and right again ``lasting`` seconds later."""
+        beat = self.beats.get(slot)
+        if beat is None or not beat.alive:
+            return
+        beat.offset += seconds
+        self.faults.append(Fault("clock step", self.t, self.t + lasting + abs(seconds), slot))
+        self._quiet_from = max(self._quiet_from, self.t + lasting + self.ttl)
+
+        def corrected() -> None:
+            # By the host's NTP daemon: not while the host is frozen or asleep. (Stepped back
+            # between two looks of a keeper, the wall clock would hide a sleep from it.)
+            if beat.frozen:
+                self.at(self.t + 1.0, corrected)
+            else:
+                beat.offset -= seconds
+
+        self.at(self.t + lasting, corrected)
+
     def spike(self, start: float, seconds: float, delay: float) -> None:
         fault = Fault("latency", start, start + seconds + delay, delay=delay, active_end=start + seconds)
         self.faults.append(fault)
@@ -531,7 +552,7 @@ def make_schedules(rng: random.Random, count: int, partitions: int) -> list[Sche
 
 
 GRACEFUL = ("join", "leave")
-FAULTS = ("crash", "freeze", "suspend", "spike", "outage", "flaky")
+FAULTS = ("crash", "freeze", "suspend", "spike", "outage", "flaky", "clock step")
 
 
 def random_history(seed: int, *, duration: float = 90.0, kinds: tuple[str, ...] = GRACEFUL + FAULTS) -> Sim:
@@ -562,6 +583,9 @@ def random_history(seed: int, *, duration: float = 90.0, kinds: tuple[str, ...] 
             slot, arg = rng.randrange(slots), rng.uniform(TTL + 1, 2.5 * TTL)
             if kind == "leave":
                 sim.at(at, lambda slot=slot: sim.leave(slot))
+            elif kind == "clock step":
+                jump, lasting = rng.choice((-1, 1)) * rng.uniform(2, 30), rng.uniform(1, 30)
+                sim.at(at, functools.partial(sim.step_clock, slot, jump, lasting))
             elif kind == "crash":
                 restart = rng.choice((None, rng.uniform(1, 30)))
                 sim.at(at, lambda slot=slot, r=restart: sim.crash(slot, r))

@@ -8,6 +8,7 @@ A failing seeded history names its seed: ``random_history(seed)`` replays it exa
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -42,8 +43,10 @@ from celery_boundedbeat.core.partitions import (
 from celery_boundedbeat.db.partitions import PartitionKeeper
 
 #: Seeded histories: with every fault, and with joins and leaves only (nothing may be missed).
-FAULT_HISTORIES = 1200
-GRACEFUL_HISTORIES = 300
+#: ``BOUNDEDBEAT_SIM_SCALE=20`` runs twenty times as many (new seeds too), for a soak.
+SCALE = int(os.environ.get("BOUNDEDBEAT_SIM_SCALE", "1"))
+FAULT_HISTORIES = 1000 * SCALE
+GRACEFUL_HISTORIES = 250 * SCALE
 
 
 def movement_bound(partitions: int, before: int, after: int) -> int:
@@ -186,6 +189,24 @@ def test_a_host_that_slept_does_not_act_on_its_old_claims() -> None:
     turn = keeper.keep()
     assert turn.members is not None, "it renews at once on waking"
     assert not turn.acting & other.acting()
+
+
+def test_a_wall_clock_stepped_forward_ends_trust_early_and_back_changes_nothing() -> None:
+    # Forward: as if the host had slept (the safe side), so it renews at once and acts again.
+    db, clocks = FakeDb(ttl=TTL), Clocks()
+    keeper = keeper_on(db, clocks)
+    keeper.keep()
+    clocks.wall += timedelta(seconds=60)
+    assert keeper.acting() == frozenset()
+    assert keeper.seconds_to_next_look() == 0
+    assert keeper.keep().acting == frozenset(range(4))
+    # Backward: the monotonic clock alone keeps time.
+    clocks.wall -= timedelta(seconds=600)
+    clocks.advance(TTL - RENEW - 0.5)
+    db.t += TTL - RENEW - 0.5
+    assert keeper.acting() == frozenset(range(4))
+    clocks.advance(0.5)
+    assert keeper.acting() == frozenset()
 
 
 def test_a_claim_that_lapsed_and_was_won_again_is_gained_anew() -> None:
@@ -355,7 +376,7 @@ def test_seeded_histories_with_faults() -> None:
     # The checks ran: settled assignments were checked, faults did make grid times late.
     assert sum(s.fair_checks for s in sims) > FAULT_HISTORIES
     reasons = {r for s in sims for *_, r in s.missed()}
-    assert {"crash", "freeze", "suspend", "latency", "outage", "flaky"} <= {
+    assert {"crash", "freeze", "suspend", "latency", "outage", "flaky", "clock step"} <= {
         k for r in reasons for k in r.split(",")
     }
 
