@@ -363,13 +363,16 @@ class Sim:
         beat = self.beats.get(slot)
         if beat is None or not beat.alive:
             return
+        if beat.frozen:
+            # Stepped (and corrected) by a running host: a wall clock stepped back between two
+            # looks of a keeper would hide a sleep from it (the beat's clock should count sleep).
+            self.at(self.t + 1.0, functools.partial(self.step_clock, slot, seconds, lasting))
+            return
         beat.offset += seconds
         self.faults.append(Fault("clock step", self.t, self.t + lasting + abs(seconds), slot))
         self._quiet_from = max(self._quiet_from, self.t + lasting + self.ttl)
 
         def corrected() -> None:
-            # By the host's NTP daemon: not while the host is frozen or asleep. (Stepped back
-            # between two looks of a keeper, the wall clock would hide a sleep from it.)
             if beat.frozen:
                 self.at(self.t + 1.0, corrected)
             else:
