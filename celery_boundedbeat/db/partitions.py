@@ -100,7 +100,9 @@ class PartitionKeeper:
         """The monotonic clock, moved on by any time the wall clock saw pass and it did not.
 
         ``time.monotonic()`` does not count a host's sleep; the wall clock is set right on
-        waking. Never running slower than either clock, the trust window ends in time.
+        waking. Never running slower than either clock, the trust window ends in time (unless
+        the wall clock is also stepped back across the sleep: a clock that counts sleep, such
+        as ``CLOCK_BOOTTIME`` on Linux, is the better ``clock`` where there is one).
         """
         with self._look_lock:
             mono, wall = self._clock(), self._now()
