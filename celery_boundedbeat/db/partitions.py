@@ -9,12 +9,15 @@ renews its own. A claim is a row of ``boundedbeat_leases`` named ``partition:<n>
 taken only when free, expired or already ours, so two beats never hold one partition. The
 beat acts for a partition only inside its trust window (the renewal's start plus ``ttl -
 renew_interval`` on the monotonic clock): frozen or cut off, it stops before the claim can
-expire for the others. Time comes from injected clocks, so the protocol simulation drives
-this very class.
+expire for the others. The monotonic clock stops while the host sleeps (a suspended laptop or
+virtual machine), so the keeper's elapsed time also moves on by any time the wall clock saw
+pass and the monotonic clock did not: a beat that wakes after its claims expired does not act
+on them. Time comes from injected clocks, so the protocol simulation drives this very class.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -94,10 +97,29 @@ class PartitionKeeper:
         self._clock = clock
         self._now = now
         self._trust = TrustWindow(ttl=ttl, margin=renew_interval)
+        self._look: tuple[float, datetime] | None = None
+        self._skew = 0.0
+        self._look_lock = threading.Lock()
+
+    def _elapsed(self) -> float:
+        """The monotonic clock, moved on by any time the wall clock saw pass and it did not.
+
+        ``time.monotonic()`` does not count a host's sleep; the wall clock is set right on
+        waking. Never running slower than either clock, the trust window ends in time (unless
+        the wall clock is also stepped back across the sleep: a clock that counts sleep, such
+        as ``CLOCK_BOOTTIME`` on Linux, is the better ``clock`` where there is one).
+        """
+        with self._look_lock:
+            mono, wall = self._clock(), self._now()
+            if self._look is not None:
+                behind = (wall - self._look[1]).total_seconds() - (mono - self._look[0])
+                self._skew += max(behind, 0.0)
+            self._look = (mono, wall)
+            return mono + self._skew
 
     def acting(self) -> frozenset[int]:
         """The partitions this beat may tick and publish for now (safe from any thread)."""
-        return self._trust.acting(self._clock())
+        return self._trust.acting(self._elapsed())
 
     def renew_now(self) -> None:
         """Renew at the next :meth:`keep` (a beat joined or left: re-plan at once)."""
@@ -105,34 +127,41 @@ class PartitionKeeper:
 
     def keep(self) -> PartitionTurn:
         """Renew if it is time; then the partitions this beat may act for."""
-        mono = self._clock()
+        mono = self._elapsed()
         if mono < self.next_renewal_at:
-            return self._expire(PartitionTurn())
+            return self._expire(PartitionTurn(), mono)
         started = self._now()
+        before = self.held
+        # A claim whose trust window ended since the last look lapsed (another beat may have
+        # held it since): won again now, it is gained anew, not kept.
+        trusted = before & self._trust.acting(mono)
         self.next_renewal_at = mono + self.renew_interval
         try:
             members = self._store.renew_member(self.member, started, self.ttl)
-            todo = plan(self.member, members, self.held, self.partitions)
+            todo = plan(self.member, members, before, self.partitions)
             if todo.release:
+                # Stop acting before the others can take them, even if the claim below fails.
+                self._trust.dropped(todo.release)
+                self.held -= todo.release
                 self._store.release_partitions(self.member, todo.release)
             got = frozenset(self._store.claim_partitions(self.member, todo.claim, started, self.ttl))
         except Exception as exc:
             self.next_renewal_at = mono + min(1.0, self.renew_interval)
-            return self._expire(PartitionTurn(error=exc))
-        before = self.held
+            turn = self._expire(PartitionTurn(error=exc), self._elapsed())
+            return PartitionTurn(acting=turn.acting, lost=before - self.held, error=exc)
         self._trust.dropped(before - got)
         self._trust.renewed(got, mono)
         self.held = got
         return PartitionTurn(
-            acting=self._trust.acting(self._clock()),
-            gained=got - before,
-            lost=before - got,
+            acting=self._trust.acting(self._elapsed()),
+            gained=got - trusted,
+            lost=(before - got) | (before - trusted),
             members=tuple(sorted(members)),
         )
 
-    def _expire(self, turn: PartitionTurn) -> PartitionTurn:
+    def _expire(self, turn: PartitionTurn, mono: float) -> PartitionTurn:
         """Partitions whose trust window ended without a renewal are held no more."""
-        acting = self._trust.acting(self._clock())
+        acting = self._trust.acting(mono)
         gone = self.held - acting
         if gone:
             self._trust.dropped(gone)
@@ -141,7 +170,7 @@ class PartitionKeeper:
 
     def seconds_to_next_look(self) -> float:
         """Seconds until a renewal is due."""
-        return max(self.next_renewal_at - self._clock(), 0.0)
+        return max(self.next_renewal_at - self._elapsed(), 0.0)
 
     def leave(self) -> None:
         """Give every partition up and leave the members (SIGTERM): the others take over at once."""
