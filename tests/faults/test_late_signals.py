@@ -153,6 +153,7 @@ def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in
         assert counters(store) == (1, 0, 0)
         assert tracker.flush() is True and not tracker._queue
     finally:
+        tracker.stop()
         dispose_all()
 
 
