@@ -52,17 +52,19 @@ def migrated(engine: Engine) -> Engine:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
-    """A failing end-to-end test shows what its beat, worker and database were doing.
+    """A failing end-to-end test shows what its beats, workers and databases were doing.
 
     Assertion messages carry the runs they are about; the processes' logs explain why (a
     tick that failed, a lock, a slow start), and they are gone once the test's temporary
     directory is cleaned up, so they go into the report while the processes still exist.
     """
     report = yield
-    harness = getattr(item, "funcargs", {}).get("bb")
-    if report.failed and call.when == "call" and harness is not None:
-        try:
-            report.sections.append(("end-to-end diagnostics", harness.diagnostics(lines=80)))
-        except Exception as exc:  # the report must not hide the failure itself
-            report.sections.append(("end-to-end diagnostics", f"could not collect: {exc!r}"))
+    funcargs = getattr(item, "funcargs", {})
+    harnesses = [funcargs["bb"]] if "bb" in funcargs else list(funcargs.get("harnesses", []))
+    if report.failed and call.when == "call":
+        for harness in harnesses:
+            try:
+                report.sections.append(("end-to-end diagnostics", harness.diagnostics(lines=80)))
+            except Exception as exc:  # the report must not hide the failure itself
+                report.sections.append(("end-to-end diagnostics", f"could not collect: {exc!r}"))
     return report
