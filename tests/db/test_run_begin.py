@@ -16,7 +16,6 @@ from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.row_state import RUNTIME
 from celery_boundedbeat.db.runs import Begun
 from celery_boundedbeat.db.store import Store, utcnow
@@ -27,9 +26,8 @@ RNG = random.Random(3)
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def emit(store: Store, now: datetime = T0) -> str:
