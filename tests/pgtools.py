@@ -54,8 +54,10 @@ def execute(*statements: str, params: tuple[Any, ...] = (), dsn: str = ADMIN_DSN
             conn.execute(statement, params)  # type: ignore[arg-type]
 
 
-def create_database(name: str, *, dsn: str = ADMIN_DSN) -> None:
-    execute(f'CREATE DATABASE "{name}"', dsn=dsn)
+def create_database(name: str, *, dsn: str = ADMIN_DSN, template: str | None = None) -> None:
+    """Create ``name``: empty, or a copy of ``template`` (which no session may be connected to)."""
+    copy = f' TEMPLATE "{template}"' if template else ""
+    execute(f'CREATE DATABASE "{name}"{copy}', dsn=dsn)
 
 
 def drop_database(name: str, *, dsn: str = ADMIN_DSN) -> None:
@@ -68,10 +70,11 @@ def unique_name(prefix: str) -> str:
 
 
 @contextlib.contextmanager
-def throwaway_database(prefix: str) -> Iterator[Database]:
-    """A fresh, empty database named ``<prefix>_<random>``, dropped when the block ends."""
+def throwaway_database(prefix: str, *, template: str | None = None) -> Iterator[Database]:
+    """A fresh database named ``<prefix>_<random>``, dropped when the block ends: empty, or a
+    copy of the database ``template``."""
     name = unique_name(prefix)
-    create_database(name)
+    create_database(name, template=template)
     try:
         yield Database(name=name, url=URL_TEMPLATE.format(db=name))
     finally:

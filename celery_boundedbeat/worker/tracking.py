@@ -167,6 +167,8 @@ class Tracker:
         self._reports: ReportProcess | None = None
         self._hb_thread: threading.Thread | None = None
         self._hb_wake = threading.Event()
+        #: Set by ``stop``: the writer and heartbeat threads end.
+        self._stopped = threading.Event()
         self._writes = OutageLog(logger, "recording runs in the database")
         self._starts = OutageLog(logger, "recording run starts before their tasks run")
         self._beats = OutageLog(logger, "the worker heartbeat")
@@ -562,6 +564,17 @@ class Tracker:
         if self._reports is not None:
             self._reports.close()
 
+    def stop(self, timeout: float = 5.0) -> None:
+        """End this process's writer and heartbeat threads, whose loops otherwise last as long
+        as the process: a tracker dropped while its process goes on (a test's) would keep
+        beating for runs it will never settle, on a database that may be gone. What is still
+        queued stays queued (``flush`` writes it)."""
+        self._stopped.set()
+        self._hb_wake.set()
+        for thread in (self._writer_thread, self._hb_thread):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
     # -- heartbeat ----------------------------------------------------------------------
 
     def _ensure_heartbeat(self) -> None:
@@ -581,9 +594,11 @@ class Tracker:
 
     def _writer_loop(self) -> None:
         interval = self.settings.heartbeat_interval
-        while True:
+        while not self._stopped.is_set():
             self._hb_wake.wait(self._idle_for(interval))
             self._hb_wake.clear()
+            if self._stopped.is_set():
+                return
             try:
                 if self._queue and time.monotonic() >= self._retry_at:
                     gathered = time.monotonic() - self._queued_at
@@ -601,8 +616,9 @@ class Tracker:
         process lives."""
         interval = self.settings.heartbeat_interval
         hostname = socket.gethostname()
-        while True:
-            time.sleep(max(self._last_heartbeat + interval * 0.9 - time.monotonic(), interval * 0.1))
+        while not self._stopped.wait(
+            max(self._last_heartbeat + interval * 0.9 - time.monotonic(), interval * 0.1)
+        ):
             try:
                 with self._lock:
                     busy = bool(self._active) or bool(self._queue)

@@ -21,7 +21,6 @@ from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import ScheduleState, initial_state, on_resume, on_settle
 from celery_boundedbeat.db.alertlog import record, take
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 
 RNG = random.Random(3)
@@ -246,9 +245,8 @@ def test_a_receiver_can_listen_to_one_schedule_and_a_raising_one_stops_nobody() 
 
 
 @pytest.fixture
-def store(engine: Engine) -> Store:
-    upgrade(engine)
-    return Store(engine, failing_threshold=2)
+def store(migrated: Engine) -> Store:
+    return Store(migrated, failing_threshold=2)
 
 
 def _run(store: Store, entries: dict[str, EntrySpec], now: datetime) -> str:

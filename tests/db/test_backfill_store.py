@@ -30,7 +30,6 @@ from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.config.definitions import Resolver
 from celery_boundedbeat.core.backfill import BACKFILL_CAP
 from celery_boundedbeat.core.enums import RunState
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store, utcnow
 from celery_boundedbeat.db.tables import QueueRow, RunRow
 
@@ -38,8 +37,7 @@ RNG = random.Random(5)
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
-    upgrade(engine)
+def app(migrated: Engine, db_url: str) -> Celery:
     app = Celery("backfill", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     return app

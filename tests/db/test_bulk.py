@@ -20,7 +20,6 @@ from sqlalchemy.exc import StatementError
 from celery_boundedbeat.db.bulk import CHUNK, insert_document, insert_many
 from celery_boundedbeat.db.driver import Driver
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow
 
@@ -100,10 +99,9 @@ def test_a_naive_datetime_is_refused_and_nothing_is_written(store: Store, column
 
 
 @pytest.mark.postgres
-def test_rows_with_other_columns_are_refused_on_postgres(postgres_url: str) -> None:
+def test_rows_with_other_columns_are_refused_on_postgres(migrated_postgres_url: str) -> None:
     """``COPY`` names its columns once: a row with others must not be written shifted."""
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     store = Store(engine)
     try:
         short = row("short")
@@ -117,9 +115,8 @@ def test_rows_with_other_columns_are_refused_on_postgres(postgres_url: str) -> N
 
 
 @pytest.fixture
-def pg_store(postgres_url: str) -> Iterator[Store]:
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+def pg_store(migrated_postgres_url: str) -> Iterator[Store]:
+    engine = get_engine(migrated_postgres_url)
     yield Store(engine)
     dispose_all()
 

@@ -20,7 +20,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.db.driver import Sql
 from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.locked import DEFINITION, SCHEDULES, fill_definitions, hold, write_changed
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow
 
@@ -113,10 +112,9 @@ def test_rows_held_through_the_driver_equal_rows_read_through_the_orm(store: Sto
 
 
 @pytest.mark.postgres
-def test_rows_held_through_psycopg_are_utc_whatever_the_session_time_zone(postgres_url: str) -> None:
+def test_rows_held_through_psycopg_are_utc_whatever_the_session_time_zone(migrated_postgres_url: str) -> None:
     """``hold`` gives the same values as the ORM, every datetime aware UTC, in any session zone."""
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     try:
         store = Store(engine)
         spec, problems = parse_entry("s", {"task": "proj.t", "schedule": 10}, {})

@@ -20,15 +20,13 @@ from sqlalchemy import Engine
 from celery_boundedbeat import add_schedule
 from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.config.definitions import define
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store, utcnow
 
 EX_CONFIG = 78
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
-    upgrade(engine)
+def app(migrated: Engine, db_url: str) -> Celery:
     app = Celery("impcli", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     return app

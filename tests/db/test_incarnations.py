@@ -36,8 +36,7 @@ RNG = random.Random(5)
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
-    upgrade(engine)
+def app(migrated: Engine, db_url: str) -> Celery:
     app = Celery("incarnations", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     return app

@@ -17,7 +17,6 @@ from sqlalchemy import Engine, func, select
 from celery_boundedbeat import ConfigurationError, add_schedule, enqueue, update_schedule
 from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.core.limits import MAX_SCHEDULE_NAME, MAX_TASK_ID, MAX_TASK_NAME
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.tables import QueueRow, ScheduleRow
 
 LONG_NAME = "n" * (MAX_SCHEDULE_NAME + 1)
@@ -65,8 +64,7 @@ def test_check_refuses_a_text_the_tables_cannot_keep_with_exit_78(
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
-    upgrade(engine)
+def app(migrated: Engine, db_url: str) -> Celery:
     app = Celery("limits", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     return app

@@ -26,7 +26,6 @@ from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.messages import message_options
 from celery_boundedbeat.core.policy import Policy
 from celery_boundedbeat.db.claims import Claimed
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.row_state import RUNTIME
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
@@ -40,9 +39,8 @@ _ROUND = itertools.count()
 
 
 @pytest.fixture
-def engine(postgres_url: str) -> Iterator[Engine]:
-    engine = create_engine(postgres_url, connect_args={"options": "-c deadlock_timeout=20ms"})
-    upgrade(engine)
+def engine(migrated_postgres_url: str) -> Iterator[Engine]:
+    engine = create_engine(migrated_postgres_url, connect_args={"options": "-c deadlock_timeout=20ms"})
     yield engine
     engine.dispose()
 

@@ -22,7 +22,6 @@ from celery_boundedbeat.config.settings import Settings
 from celery_boundedbeat.core.exceptions import ConfigurationError
 from celery_boundedbeat.db.engine import get_engine
 from celery_boundedbeat.db.lease import LEASE_NAME
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.tables import LeaseRow, QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.ops.metrics import (
     DRIFT_BUCKETS,
@@ -238,9 +237,8 @@ def test_the_read_of_an_empty_database(migrated: Engine) -> None:
 
 
 @pytest.fixture
-def sqlite_engine(sqlite_url: str) -> Iterator[Engine]:
-    engine = get_engine(sqlite_url)
-    upgrade(engine)
+def sqlite_engine(migrated_sqlite_url: str) -> Iterator[Engine]:
+    engine = get_engine(migrated_sqlite_url)
     yield engine
     engine.dispose()
 
@@ -292,12 +290,14 @@ def run(app: Celery, *args: str) -> Result:
     )
 
 
-def test_status_format_prometheus_prints_the_exposition(sqlite_url: str, sqlite_engine: Engine) -> None:
+def test_status_format_prometheus_prints_the_exposition(
+    migrated_sqlite_url: str, sqlite_engine: Engine
+) -> None:
     """``status --format prometheus`` prints what the endpoint serves; --json and the table still work."""
     with Session(sqlite_engine) as s, s.begin():
         s.add(schedule_row("a", runs=3))
     app = Celery("metricstest", broker="memory://", set_as_current=False)
-    app.conf.boundedbeat_database_url = sqlite_url
+    app.conf.boundedbeat_database_url = migrated_sqlite_url
     result = run(app, "status", "--format", "prometheus")
     assert result.exit_code == 0, result.output
     parsed = samples(result.output)

@@ -14,7 +14,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.ticks import ScheduleState, on_resume, on_settle
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 
 
@@ -84,9 +83,8 @@ def test_resume_clears_the_reason_and_resets_the_count() -> None:
 
 
 @pytest.fixture
-def store(engine: Engine) -> Store:
-    upgrade(engine)
-    return Store(engine)
+def store(migrated: Engine) -> Store:
+    return Store(migrated)
 
 
 def test_the_store_pauses_the_row_and_resume_lifts_it(store: Store) -> None:

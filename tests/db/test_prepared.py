@@ -18,7 +18,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
@@ -34,9 +33,8 @@ def spec(name: str, schedule: float = 10, **raw: Any) -> EntrySpec:
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[Store]:
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+def store(migrated_postgres_url: str) -> Iterator[Store]:
+    engine = get_engine(migrated_postgres_url)
     try:
         yield Store(engine)
     finally:
@@ -153,9 +151,8 @@ def test_a_schedule_with_a_queued_trigger_is_not_prepared(store: Store) -> None:
     assert prepare(store, entries, T0 + sec(10)) is None
 
 
-def test_nothing_is_prepared_on_sqlite(sqlite_url: str) -> None:
-    engine = get_engine(sqlite_url)
-    upgrade(engine)
+def test_nothing_is_prepared_on_sqlite(migrated_sqlite_url: str) -> None:
+    engine = get_engine(migrated_sqlite_url)
     store = Store(engine)
     entries = setup(store, spec("a"))
     assert prepare(store, entries, T0 + sec(10)) is None

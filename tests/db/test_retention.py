@@ -16,7 +16,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.policy import Policy, parse_policy
 from celery_boundedbeat.core.spec import EntrySpec, config_hash
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.retention import purge_pass, retained
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import RunRow, ScheduleRow
@@ -68,9 +67,8 @@ def test_retention_keys_parse_and_are_stored_only_when_set() -> None:
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def history(store: Store, name: str, settled: int, *, active: int = 0, start: datetime = T0) -> list[str]:
@@ -201,14 +199,13 @@ def test_purging_beside_a_running_tick_loses_no_active_run_and_ends_at_the_bound
 
 
 @pytest.mark.postgres
-def test_a_purge_batch_holds_no_lock_the_tick_or_a_settle_needs(postgres_url: str) -> None:
+def test_a_purge_batch_holds_no_lock_the_tick_or_a_settle_needs(migrated_postgres_url: str) -> None:
     """While a purge batch has deleted rows and not yet committed, a tick and a settle of the same
     schedule commit in another transaction (PostgreSQL, where a purge and a tick run side by side)."""
     from celery_boundedbeat.db.engine import dispose_all, get_engine
 
-    engine = get_engine(postgres_url)
+    engine = get_engine(migrated_postgres_url)
     try:
-        upgrade(engine)
         store = Store(engine)
         entries = {"a": spec("a", keep_runs=1, mode="fixed_rate", max_concurrency=2)}
         store.sync_config(entries.values(), T0, RNG)

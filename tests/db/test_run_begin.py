@@ -16,7 +16,6 @@ from sqlalchemy.exc import OperationalError
 
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.row_state import RUNTIME
 from celery_boundedbeat.db.runs import Begun
 from celery_boundedbeat.db.store import Store, utcnow
@@ -27,9 +26,8 @@ RNG = random.Random(3)
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def emit(store: Store, now: datetime = T0) -> str:
@@ -71,14 +69,18 @@ def test_take_over_moves_a_started_run_once(store: Store) -> None:
     assert run is not None and run.process == "h:2"
 
 
-def _tracker(store: Store, monkeypatch: pytest.MonkeyPatch) -> Tracker:
+@pytest.fixture
+def tracker(store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tracker]:
+    """A tracker on ``store``; its heartbeat and writer threads end with the test (``begin``
+    starts them, and they would otherwise keep beating on this test's dropped database)."""
     from celery import Celery
 
     app = Celery("t", set_as_current=False)
     app.conf.boundedbeat_database_url = str(store.engine.url.render_as_string(hide_password=False))
-    tracker = Tracker(app)
+    created = Tracker(app)
     monkeypatch.setattr(Tracker, "store", property(lambda self: store))
-    return tracker
+    yield created
+    created.stop()
 
 
 @pytest.mark.parametrize(
@@ -95,7 +97,7 @@ def _tracker(store: Store, monkeypatch: pytest.MonkeyPatch) -> Tracker:
     ],
 )
 def test_a_second_delivery_runs_only_when_the_first_process_can_no_longer_run_it(
-    store: Store, monkeypatch: pytest.MonkeyPatch, first_process: str, heartbeat_age: float, runs: bool
+    store: Store, tracker: Tracker, first_process: str, heartbeat_age: float, runs: bool
 ) -> None:
     """Tracker.begin: a delivery of a run another process started runs its body only when that
     process is gone (a continuation, which takes the run over); else it is skipped, the run kept."""
@@ -103,7 +105,6 @@ def test_a_second_delivery_runs_only_when_the_first_process_can_no_longer_run_it
     now = utcnow()
     store.run_life.heartbeat(first_process, "x", 1, now - timedelta(seconds=heartbeat_age))
     begin(store, run_id, first_process, now - timedelta(seconds=2))
-    tracker = _tracker(store, monkeypatch)
     assert tracker.begin(run_id, "w2", None) is runs
     run = store.run(run_id)
     assert run is not None and run.state == "started"
@@ -111,33 +112,31 @@ def test_a_second_delivery_runs_only_when_the_first_process_can_no_longer_run_it
 
 
 def test_a_celery_retry_continues_the_run_and_a_repeat_in_the_same_process_does_not(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, tracker: Tracker
 ) -> None:
     """A delivery with retries > 0 continues the run it started; the same process receiving the
     run again without a retry (a duplicate) does not run it again."""
     run_id = emit(store, utcnow() - timedelta(seconds=5))
-    tracker = _tracker(store, monkeypatch)
     assert tracker.begin(run_id, "w", None) is True
     assert tracker.begin(run_id, "w", None) is False
     assert tracker.begin(run_id, "w", None, retried=True) is True
 
 
 def test_a_delivery_of_a_run_already_settled_after_its_start_does_not_run(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, tracker: Tracker
 ) -> None:
     """A duplicate arriving after the first delivery completed the run: skipped."""
     run_id = emit(store, utcnow() - timedelta(seconds=5))
     begin(store, run_id, "elsewhere:1", utcnow() - timedelta(seconds=2))
     store.run_life.settle_run(run_id, RunState.COMPLETED, now=utcnow())
-    assert _tracker(store, monkeypatch).begin(run_id, "w2", None) is False
+    assert tracker.begin(run_id, "w2", None) is False
 
 
 def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_every_task(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, tracker: Tracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An outage at the start: the body runs (the start written behind), and the next start
     within a second does not wait for the database again."""
-    tracker = _tracker(store, monkeypatch)
     asked: list[str] = []
 
     def away(run_id: str, **_: object) -> Begun:
@@ -151,11 +150,10 @@ def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_e
 
 
 def test_with_the_check_turned_off_every_delivery_runs_and_starts_are_written_behind(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, tracker: Tracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """boundedbeat_skip_duplicate_deliveries = False: the start is not recorded before the body
     and a second delivery runs too (the cheaper write-behind of earlier versions)."""
-    tracker = _tracker(store, monkeypatch)
     tracker.app.conf.boundedbeat_skip_duplicate_deliveries = False
     monkeypatch.setattr(store.run_life, "begin_run", lambda *a, **k: pytest.fail("begin_run was called"))
     assert tracker.begin("r1", "w", None) is True

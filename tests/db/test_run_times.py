@@ -14,7 +14,6 @@ from sqlalchemy import Engine, update
 
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.row_state import RUNTIME
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow
@@ -24,9 +23,8 @@ RNG = random.Random(3)
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def emit(store: Store, now: datetime) -> str:

@@ -39,7 +39,6 @@ from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.spec import Definition
 from celery_boundedbeat.core.timing import Timing
 from celery_boundedbeat.db.engine import normalize_url
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import REMOVED_WITH_REVOKE, SCHEDULES_CHANNEL, Store, utcnow
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
@@ -47,9 +46,8 @@ RNG = random.Random(11)
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
+def app(migrated: Engine, db_url: str) -> Celery:
     """A Celery app on a migrated, empty database (memory broker: nothing is published here)."""
-    upgrade(engine)
     app = Celery("rtapi", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     return app

@@ -19,7 +19,6 @@ from celery_boundedbeat.core.messages import RUN_HEADER, SCHEDULE_HEADER
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import MAX_QUEUED_TRIGGERS, UNUSABLE_RETRY, TriggerRefused
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
@@ -33,10 +32,9 @@ def spec(name: str, schedule: Any = 10, **raw: Any) -> EntrySpec:
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
+def store(migrated: Engine) -> Iterator[Store]:
     """A migrated, empty store."""
-    upgrade(engine)
-    yield Store(engine)
+    yield Store(migrated)
 
 
 def specs(*items: EntrySpec) -> dict[str, EntrySpec]:
@@ -367,10 +365,9 @@ def test_concurrent_claimers_never_share_a_row(store: Store) -> None:
 
 
 @pytest.fixture
-def pg_store(postgres_url: str) -> Iterator[Store]:
+def pg_store(migrated_postgres_url: str) -> Iterator[Store]:
     """A migrated store on a fresh PostgreSQL database (for PostgreSQL-only behaviour)."""
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     try:
         yield Store(engine)
     finally:

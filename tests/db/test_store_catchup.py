@@ -17,7 +17,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 from celery_boundedbeat.db.tick import REPLACED
@@ -33,9 +32,8 @@ def spec(name: str, schedule: Any = 10, **policy: Any) -> EntrySpec:
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def setup(store: Store, item: EntrySpec) -> dict[str, EntrySpec]:
@@ -95,13 +93,12 @@ def test_a_replaced_run_not_yet_published_leaves_the_queue(store: Store) -> None
 
 
 @pytest.mark.postgres
-def test_replace_skips_a_run_another_transaction_is_settling(postgres_url: str) -> None:
+def test_replace_skips_a_run_another_transaction_is_settling(migrated_postgres_url: str) -> None:
     """PostgreSQL: a run locked by a settle in progress is not revoked; the tick is a busy skip.
 
     (SQLite has one writer: no other transaction can hold the run meanwhile.)
     """
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     store = Store(engine)
     try:
         entries = setup(store, spec("r", missed_ticks="replace"))

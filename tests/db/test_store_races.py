@@ -15,7 +15,6 @@ from sqlalchemy.pool import NullPool
 
 from celery_boundedbeat.core.messages import message_options
 from celery_boundedbeat.core.policy import Policy
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow
 
@@ -23,9 +22,8 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def engine(postgres_url: str) -> Iterator[Engine]:
-    engine = create_engine(postgres_url, poolclass=NullPool)
-    upgrade(engine)
+def engine(migrated_postgres_url: str) -> Iterator[Engine]:
+    engine = create_engine(migrated_postgres_url, poolclass=NullPool)
     yield engine
     engine.dispose()
 

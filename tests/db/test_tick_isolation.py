@@ -17,7 +17,6 @@ from celery_boundedbeat.beat.scheduler import Scheduler
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import UNUSABLE_RETRY, ScheduleState, TickOutcome
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store, TickResult
 from celery_boundedbeat.db.tables import ScheduleRow
 
@@ -31,9 +30,8 @@ def spec(name: str, **raw: Any) -> EntrySpec:
 
 
 @pytest.fixture
-def store(engine: Engine) -> Iterator[Store]:
-    upgrade(engine)
-    yield Store(engine)
+def store(migrated: Engine) -> Iterator[Store]:
+    yield Store(migrated)
 
 
 def corrupt(store: Store, name: str, **values: Any) -> None:

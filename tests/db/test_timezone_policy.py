@@ -25,7 +25,6 @@ from celery_boundedbeat import ConfigurationError, add_schedule, snapshot, updat
 from celery_boundedbeat.cli import boundedbeat
 from celery_boundedbeat.config.definitions import config_definitions, define, from_row
 from celery_boundedbeat.config.entries import validate_entries
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.store import Store, utcnow
 from celery_boundedbeat.db.tables import ScheduleRow
 
@@ -128,8 +127,7 @@ def test_a_solar_schedule_takes_the_key_and_shows_it() -> None:
 
 
 @pytest.fixture
-def app(engine: Engine, db_url: str) -> Celery:
-    upgrade(engine)
+def app(migrated: Engine, db_url: str) -> Celery:
     app = Celery("tzapi", broker="memory://", set_as_current=False)
     app.conf.boundedbeat_database_url = db_url
     app.conf.timezone = "America/New_York"

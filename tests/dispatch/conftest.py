@@ -6,20 +6,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from pgtools import throwaway_database
 from sqlalchemy import Engine, create_engine
-
-from celery_boundedbeat.db.migrate import upgrade
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A migrated PostgreSQL database that exists only for this test."""
-    with throwaway_database("bb_dispatch") as database:
-        engine = create_engine(database.url)
-        upgrade(engine)
-        engine.dispose()
-        yield database.url
+def pg_url(migrated_postgres_url: str) -> str:
+    """A migrated PostgreSQL database that exists only for this test (a copy of the template)."""
+    return migrated_postgres_url
 
 
 @pytest.fixture

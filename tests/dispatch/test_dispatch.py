@@ -48,7 +48,10 @@ def _write_app(tmp_path: Path, module: str, broker: str, db_url: str, queue: str
 
 
 def _start_dispatcher(tmp_path: Path, module: str, log: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
     out = open(tmp_path / log, "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
         [str(VENV_BIN / "celery"), "-A", module, "boundedbeat", "dispatch"],

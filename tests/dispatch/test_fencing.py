@@ -123,7 +123,10 @@ def record(self):
     )
     module.write_text(source)
     ids = _fill(pg_engine, queue_name, "fence.record")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
     worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed below
     worker = subprocess.Popen(
         [str(VENV_BIN / "celery"), "-A", "fenceapp", "worker", "-P", "threads", "-c", "8",

@@ -26,7 +26,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.faults import is_outage
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.runs import LATE_OUTCOME
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import AlertRow, RunRow, ScheduleRow, WorkerRow
@@ -325,14 +324,13 @@ def test_the_tracker_writes_batches_itself_until_its_writer_process_is_ready(sto
 
 @pytest.mark.postgres
 def test_a_batch_the_database_refuses_in_the_writer_process_is_refused_not_an_outage(
-    postgres_url: str,
+    migrated_postgres_url: str,
 ) -> None:
     """A data error in the child comes back as ``ReportsRefused`` (the tracker then goes one by one)."""
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     store = Store(engine)
     (ids,) = emit_copies(store, "bad-")
-    writer = ReportProcess(postgres_url, store.run_life.failing_threshold)
+    writer = ReportProcess(migrated_postgres_url, store.run_life.failing_threshold)
     try:
         with pytest.raises((ReportsRefused, ReportWriterLost)) as refused:
             writer.write([StartReport(ids[(0, 0)], "w" * 300, "h:1", T0, None)], [], None)

@@ -23,7 +23,6 @@ from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.config.settings import Settings
 from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.db.engine import dispose_all, get_engine
-from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.runs import LATE_OUTCOME
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.worker.tracking import Tracker
@@ -129,11 +128,10 @@ def _app(url: str, name: str) -> Celery:
 
 @pytest.mark.postgres
 def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in_order(
-    postgres_url: str,
+    migrated_postgres_url: str,
 ) -> None:
     """Writes that fail are kept in order and land, with their own times, once the database answers."""
-    engine = get_engine(postgres_url)
-    upgrade(engine)
+    engine = get_engine(migrated_postgres_url)
     store = Store(engine)
     run_id = emit(store)
     tracker = Tracker(_app(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere", "bbf_keep"))
@@ -143,7 +141,7 @@ def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in
         tracker.settle(run_id, RunState.COMPLETED)  # a duplicate signal: nothing more is kept
         assert [type(item).__name__ for item in tracker._queue] == ["_PendingStart", "_PendingSettle"]
         assert store.run(run_id).state == "queued"  # type: ignore[union-attr]
-        tracker._settings = Settings(database_url=postgres_url)  # the database is back
+        tracker._settings = Settings(database_url=migrated_postgres_url)  # the database is back
         assert tracker.flush() is True
         run = store.run(run_id)
         assert run is not None and run.state == "completed"
@@ -153,6 +151,7 @@ def test_a_worker_keeps_starts_and_outcomes_through_an_outage_and_writes_them_in
         assert counters(store) == (1, 0, 0)
         assert tracker.flush() is True and not tracker._queue
     finally:
+        tracker.stop()
         dispose_all()
 
 

@@ -83,7 +83,9 @@ class Processes:
         self.procs: list[Proc] = []
         self._counter = 0
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY")}
-        self.env["PYTHONPATH"] = str(tmp)
+        # The test's app module first, then the test run's own PYTHONPATH: the processes import
+        # the celery_boundedbeat the tests import (a checkout on PYTHONPATH, not another install).
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p)
         self.env["PYTHONUNBUFFERED"] = "1"
         self.env.pop("PYTHONSTARTUP", None)
 

@@ -49,7 +49,10 @@ def _write_app(tmp_path: Path, db_url: str, broker: str, queue: str) -> None:
 
 
 def _celery(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
     return subprocess.run(
         [str(VENV_BIN / "celery"), "-A", "secapp", *args],
         cwd=tmp_path,
@@ -63,7 +66,10 @@ def _celery(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.Compl
 
 def _run_for(tmp_path: Path, seconds: float, *args: str) -> str:
     """Start a long-running command, let it work, stop it with SIGTERM; its whole output."""
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
     log = tmp_path / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -211,3 +211,19 @@ def test_a_write_that_fails_once_after_success_is_tried_again_at_once(tracker: F
     tracker.fake.down = False
     assert tracker.flush() is True
     assert [run for run, _, _ in tracker.fake.written] == ["r0", "r1", "r2", "r3"]
+
+
+def test_stop_ends_the_writer_and_heartbeat_threads_of_a_busy_tracker() -> None:
+    """A run still active keeps the heartbeat thread beating; ``stop`` ends both threads anyway
+    (a tracker dropped while its process goes on must not beat for ever)."""
+
+    class Threaded(FakeTracker):
+        _ensure_heartbeat = Tracker._ensure_heartbeat
+
+    tracker = Threaded(FakeStore())
+    tracker.app.conf.update(boundedbeat_database_url="sqlite://", boundedbeat_heartbeat_interval=0.05)
+    tracker.started("r1", "w", None)
+    threads = [tracker._writer_thread, tracker._hb_thread]
+    assert all(t is not None and t.is_alive() for t in threads)
+    tracker.stop(timeout=5)
+    assert not any(t is not None and t.is_alive() for t in threads)
