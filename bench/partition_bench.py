@@ -36,9 +36,10 @@ from typing import Any
 import psycopg
 from scale_bench import (
     CELERY,
-    HERE,
+    CHECKOUT_PATH,
     PG,
     TASK,
+    TICK,
     UNBOUNDED,
     Beat,
     admin_connection,
@@ -81,10 +82,28 @@ class Plan:
         return out
 
 
+def main_thread_cpu(pid: int) -> float:
+    """CPU seconds of a process's main thread alone: the tick loop, renewals and membership.
+
+    The rest of the process is its other threads: the in-beat dispatcher above all.
+    """
+    return proc_cpu_path(f"/proc/{pid}/task/{pid}/stat")
+
+
+def proc_cpu_path(path: str) -> float:
+    try:
+        with open(path) as f:
+            fields = f.read().rpartition(") ")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 @dataclass(kw_only=True)
 class Snap:
     t: float
     beats: list[float]
+    mains: list[float]
     pg: dict[int, float]
     busy: float
     total: float
@@ -129,7 +148,7 @@ def prepare(admin: psycopg.Connection[Any], cfg: Config, plan: Plan) -> None:
 def live_beats(cfg: Config) -> list[dict[str, Any]]:
     """``celery -A scale_app boundedbeat beats --json``, as an operator would ask."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY", "BENCH_"))}
-    env.update(cfg.env, BENCH_MARKS=str(cfg.tmp / "cli.marks"), PYTHONPATH=str(HERE))
+    env.update(cfg.env, BENCH_MARKS=str(cfg.tmp / "cli.marks"), PYTHONPATH=CHECKOUT_PATH)
     out = subprocess.run(
         [CELERY, "-A", "scale_app", "boundedbeat", "beats", "--json"],
         cwd=cfg.tmp,
@@ -173,6 +192,7 @@ def snap(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], cfg: Con
     return Snap(
         t=time.time(),
         beats=[proc_cpu(p.pid) for p in cfg.procs],
+        mains=[main_thread_cpu(p.pid) for p in cfg.procs],
         pg={p: proc_cpu(p) for p in pids if p != conn.info.backend_pid},
         busy=busy,
         total=total,
@@ -185,6 +205,7 @@ def figures(a: Snap, b: Snap, cfg: Config, plan: Plan) -> dict[str, Any]:
     """CPU per 1,000 runs, rates and the load of the machine over one window."""
     elapsed = b.t - a.t
     beat_cpu = [y - x for x, y in zip(a.beats, b.beats, strict=True)]
+    main_cpu = sum(y - x for x, y in zip(a.mains, b.mains, strict=True))
     pg_cpu = sum(v - a.pg.get(p, 0.0) for p, v in b.pg.items())
     runs = b.runs - a.runs
     cores = os.cpu_count() or 1
@@ -203,6 +224,7 @@ def figures(a: Snap, b: Snap, cfg: Config, plan: Plan) -> dict[str, Any]:
         "beat_cpu_s_each": beat_cpu,
         "beat_cpu_s_per_1000": sum(beat_cpu) / runs * 1000 if runs else float("nan"),
         "beat_pct": sum(beat_cpu) / elapsed * 100,
+        "main_thread_cpu_s_per_1000": main_cpu / runs * 1000 if runs else float("nan"),
         "postgres_cpu_s_per_1000": pg_cpu / runs * 1000 if runs else float("nan"),
         "postgres_pct": pg_cpu / elapsed * 100,
         "machine_pct": machine_pct,
@@ -262,6 +284,7 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "rounds": per,
                 "cpu_per_1000": statistics.fmean(per),
                 "pg_per_1000": statistics.fmean(r["postgres_cpu_s_per_1000"] for r in mine),
+                "main_per_1000": statistics.fmean(r["main_thread_cpu_s_per_1000"] for r in mine),
                 "runs_per_s": statistics.fmean(r["runs_per_s"] for r in mine),
                 "beat_pct": statistics.fmean(r["beat_pct"] for r in mine),
                 "machine_pct": statistics.fmean(r["machine_pct"] for r in mine),
@@ -282,15 +305,18 @@ def print_summary(rows: list[dict[str, Any]], plan: Plan) -> None:
     )
     head = (
         "| beats | P | beat CPU s / 1,000 runs (rounds) | ratio to 1 beat | runs/s "
-        "| beats % core | PostgreSQL CPU s / 1,000 runs | ticks/s (all beats) | machine % busy |"
+        "| beats % core | of it main thread / others per 1,000 runs | PostgreSQL CPU s / 1,000 runs "
+        "| ticks/s (all beats) | machine % busy |"
     )
     print(head)
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         each = ", ".join(f"{v:.3f}" for v in r["rounds"])
         print(
             f"| {r['beats']} | {r['partitions']} | {r['cpu_per_1000']:.3f} ({each}) | {r['ratio']:.2f}x "
-            f"| {r['runs_per_s']:,.0f} | {r['beat_pct']:.0f} % | {r['pg_per_1000']:.3f} "
+            f"| {r['runs_per_s']:,.0f} | {r['beat_pct']:.0f} % "
+            f"| {r['main_per_1000']:.3f} / {r['cpu_per_1000'] - r['main_per_1000']:.3f} "
+            f"| {r['pg_per_1000']:.3f} "
             f"| {r['ticks_per_s']:.1f} | {r['machine_pct']:.0f} % |"
         )
 
@@ -337,7 +363,10 @@ def main() -> None:
                 results.append(run_config(admin, Config(beats=beats, partitions=parts, tmp=tmp), plan))
                 json_path.write_text(json.dumps(out, indent=2, default=str))
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if any(r["problems"] for r in results):
+                print(f"beat logs kept in {tmp}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
         out["summary"] = summary(results)
         out["machine"]["loadavg_at_end"] = os.getloadavg()
         json_path.write_text(json.dumps(out, indent=2, default=str))
