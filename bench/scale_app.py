@@ -70,6 +70,7 @@ app.conf.update(
     task_default_queue=os.environ["BENCH_QUEUE"],
     boundedbeat_database_url=os.environ["BENCH_DB_URL"],
     boundedbeat_dispatch_enabled=os.environ.get("BENCH_DISPATCH", "1") == "1",
+    boundedbeat_partitions=int(os.environ.get("BENCH_PARTITIONS", "1")),
     beat_schedule=config_entries(
         int(os.environ.get("BENCH_CONFIG_ENTRIES", "0")),
         os.environ.get("BENCH_CONFIG_KIND", "ours"),

@@ -59,6 +59,8 @@ from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow, new_incarnation
 
 HERE = Path(__file__).resolve().parent
+#: ``PYTHONPATH`` of the processes a benchmark starts: the app modules here, the package beside.
+CHECKOUT_PATH = os.pathsep.join([str(HERE), str(HERE.parent)])
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -325,7 +327,9 @@ class Beat:
         self.marks = tmp / f"{label}.marks"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY", "BENCH_"))}
         self.env.update(env)
-        self.env.update(BENCH_MARKS=str(self.marks), PYTHONPATH=str(HERE), PYTHONUNBUFFERED="1")
+        # The bench folder for the app module, then this checkout: the beat runs the package
+        # next to the script, not whichever checkout the virtualenv has installed.
+        self.env.update(BENCH_MARKS=str(self.marks), PYTHONPATH=CHECKOUT_PATH, PYTHONUNBUFFERED="1")
         scheduler = "scale_app:MarkedStock" if stock else "scale_app:Marked"
         self.cmd = [CELERY, "-A", "scale_app", "beat", "-S", scheduler, "--loglevel", loglevel]
         self.cmd += ["-s", str(tmp / "stock-schedule")]

@@ -21,9 +21,10 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from functools import cache
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Select, delete, func, or_, select
+from sqlalchemy import Select, Table, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from ..core.partitions import TrustWindow, plan
@@ -236,15 +237,12 @@ class PartitionRows:
             for name in names:
                 row = rows.get(name)
                 if row is None:
-                    s.add(
-                        LeaseRow(
-                            name=name,
-                            holder=member,
-                            acquired_at=at,
-                            renewed_at=at,
-                            expires_at=_after(at, ttl),
-                        )
-                    )
+                    # Never claimed: another beat may be inserting it now (both start at once).
+                    # The loser takes nothing rather than failing the whole claim with its renewals.
+                    new = {"name": name, "holder": member, "acquired_at": at, "renewed_at": at}
+                    new["expires_at"] = _after(at, ttl)
+                    if s.execute(_insert_if_free(self.db.is_postgres), new).first() is None:
+                        continue
                 elif row.holder == member or row.expires_at <= at:
                     if row.holder != member:
                         row.holder, row.acquired_at = member, at
@@ -294,6 +292,17 @@ class PartitionRows:
                 .order_by(LeaseRow.acquired_at, LeaseRow.holder)
             )
             return [(holder, joined, renewed) for holder, joined, renewed in rows]
+
+
+@cache
+def _insert_if_free(postgres: bool) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING name`` into the lease rows."""
+    if postgres:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
+    table = cast(Table, LeaseRow.__table__)
+    return dialect_insert(table).on_conflict_do_nothing().returning(table.c.name)
 
 
 def _after(at: datetime, ttl: float) -> datetime:

@@ -9,8 +9,11 @@ beat its share. On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from celery import Celery
 from sqlalchemy import Engine, text, update
@@ -84,6 +87,45 @@ def test_a_partition_is_claimed_by_one_beat_until_released_expired_or_left(store
     assert rows.owners(now) == {0: "b", 1: "b", 2: "b"}
     rows.leave("b")
     assert rows.owners(now) == {} and [m for m, _j, _r in rows.members(now)] == ["a"]
+
+
+def test_two_beats_claiming_a_new_partition_at_once_do_not_fail_the_whole_claim(
+    store: Store, db_url: str
+) -> None:
+    """Beats started together both claim never-claimed partitions: the loser of one insert
+    keeps the rest of its claim (it used to fail it all with a unique violation, logged as a
+    failed renewal)."""
+    if not store.db.is_postgres:
+        pytest.skip("SQLite has one writer: two claims cannot interleave")
+    rows = PartitionRows(store.db)
+    url = db_url.replace("+psycopg", "")
+    with psycopg.connect(url) as first, psycopg.connect(url, autocommit=True) as watch:
+        first.execute(  # beat a claims partition 0, between its insert and its commit
+            "INSERT INTO boundedbeat_leases (name, holder, acquired_at, renewed_at, expires_at) "
+            "VALUES ('partition:0', 'a', now(), now(), now() + interval '15 seconds')"
+        )
+        out: dict[str, object] = {}
+
+        def claim() -> None:
+            try:
+                out["got"] = rows.claim_partitions("b", [0, 1], utcnow(), 15)
+            except Exception as exc:
+                out["error"] = exc
+
+        thread = threading.Thread(target=claim)
+        thread.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        deadline = time.monotonic() + 10
+        while watch.execute(waiting).fetchone() != (1,):  # b's insert waits on a's
+            assert time.monotonic() < deadline and thread.is_alive(), out
+            time.sleep(0.01)
+        first.commit()
+        thread.join(10)
+    assert out == {"got": {1}}, "b takes the free partition and leaves a's"
+    assert rows.owners(utcnow()) == {0: "a", 1: "b"}
 
 
 class Clock:
