@@ -22,6 +22,7 @@ from celery_boundedbeat import add_schedule, snapshot
 from celery_boundedbeat.api.queries import beats
 from celery_boundedbeat.config.definitions import Resolver
 from celery_boundedbeat.core.partitions import partition_of, slot_of
+from celery_boundedbeat.db.engine import get_engine
 from celery_boundedbeat.db.lease import LEASE_NAME
 from celery_boundedbeat.db.migrate import upgrade
 from celery_boundedbeat.db.partitions import PartitionKeeper, PartitionRows, claim_name
@@ -90,15 +91,14 @@ def test_a_partition_is_claimed_by_one_beat_until_released_expired_or_left(store
 
 
 def test_two_beats_claiming_a_new_partition_at_once_do_not_fail_the_whole_claim(
-    store: Store, db_url: str
+    migrated_postgres_url: str,
 ) -> None:
     """Beats started together both claim never-claimed partitions: the loser of one insert
     keeps the rest of its claim (it used to fail it all with a unique violation, logged as a
-    failed renewal)."""
-    if not store.db.is_postgres:
-        pytest.skip("SQLite has one writer: two claims cannot interleave")
+    failed renewal). PostgreSQL only: SQLite has one writer, so two claims cannot interleave."""
+    store = Store(get_engine(migrated_postgres_url))
     rows = PartitionRows(store.db)
-    url = db_url.replace("+psycopg", "")
+    url = migrated_postgres_url.replace("+psycopg", "")
     with psycopg.connect(url) as first, psycopg.connect(url, autocommit=True) as watch:
         first.execute(  # beat a claims partition 0, between its insert and its commit
             "INSERT INTO boundedbeat_leases (name, holder, acquired_at, renewed_at, expires_at) "
