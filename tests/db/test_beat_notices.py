@@ -137,7 +137,8 @@ def test_the_definition_cache_stays_bounded_while_schedules_come_and_go(
         for r in range(rounds):
             names = [f"tenant{r}-{i}" for i in range(per_round)]
             for name in names:
-                assert add_schedule(app, name, "proj.tenant", 3600.0) == "scheduled"
+                # Due again within the beat's horizon (Resolver.KEEP_DUE_WITHIN): kept cached.
+                assert add_schedule(app, name, "proj.tenant", 60.0) == "scheduled"
             scheduler.tick()  # each is due at its add: the tick resolves (caches) every one
             assert all(name in scheduler.resolver._cache for name in names)
             for name in names:
