@@ -33,7 +33,7 @@ class RunAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "schedule_and_task",
-        "state_and_attempt",
+        "state_label",
         "scheduled_and_started",
         "duration_and_drift",
         "worker_cell",
@@ -109,10 +109,6 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_label(self, obj: Run) -> SafeString:
-        return state_badge(obj.state)
-
-    @admin.display(description="state", ordering="state")
-    def state_and_attempt(self, obj: Run) -> SafeString:
         """The state, and under it "attempt N" for a run of the retry policy."""
         if (obj.attempt or 1) == 1:
             return state_badge(obj.state)
