@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 
 from .enums import MissedTicks, Mode
 from .policy import Policy
+from .retries import RetryDue
 from .ticks import (
     BACKFILL_PER_TICK,
     MICROSECOND,
     Emission,
-    RetryDue,
     ScheduleState,
     TickOutcome,
     end_reason,

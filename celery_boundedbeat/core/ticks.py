@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from .enums import MissedTicks, Mode, RunState, StopReason
 from .loops import effective_jitter_cap
 from .policy import Policy
+from .retries import RetryDue, retried, with_retries, within_retry_bound
 from .spec import EntrySpec
 from .timing import MAX_COUNTED_CALENDAR_TICKS, IntervalTiming, Timing
 
@@ -38,19 +39,6 @@ transaction; the rest start in the ticks right after (the schedule stays due mea
 
 #: The database's time resolution: the smallest step that keeps two ``scheduled_for`` apart.
 MICROSECOND = timedelta(microseconds=1)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RetryDue:
-    """A grid time attempted again after its run ended as ``retry.on`` names (the ``retry`` key)."""
-
-    scheduled_for: datetime
-    #: The attempt this run will be: 2 for the first retry, up to ``retry.max_attempts``.
-    attempt: int
-    #: The run it retries (the attempt before).
-    retry_of: str
-    #: Not before this instant (the backoff after the attempt before ended).
-    due_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,12 +109,6 @@ class ScheduleState:
         """Whether runs owed outside the grid wait (triggers, backfill, retries): they outlive
         the schedule's end."""
         return bool(self.triggers or self.backfill or self.retries)
-
-    def next_retry(self, now: datetime) -> datetime | None:
-        """When the first waiting retry may start (never before ``now``); ``None``: none waits."""
-        if not self.retries:
-            return None
-        return max(min(r.due_at for r in self.retries), now)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -329,7 +311,9 @@ def on_settle(
         last_elapsed = elapsed_ms
         max_elapsed = max(max_elapsed or 0, elapsed_ms)
     retries = (
-        state.retries if stopped else _retried(policy, state, outcome, now, run_id, attempt, scheduled_for)
+        state.retries
+        if stopped
+        else retried(policy, state.retries, outcome, now, run_id, attempt, scheduled_for)
     )
     next_due = _due_after_settle(policy, state, now, stopped=stopped, gap_s=gap_s, rng=rng)
     settled = replace(
@@ -342,33 +326,14 @@ def on_settle(
         stopped=stopped,
         stop_reason=reason,
         retries=retries,
-        next_due_at=_with_retries(next_due, retries, now, stopped),
+        next_due_at=with_retries(next_due, retries, now, stopped),
     )
     if not stopped and not state.ended and policy.mode is Mode.FIXED_DELAY:
         end = end_reason(policy, settled)
         if end is not None:
             due = now if settled.triggers else None
-            settled = replace(settled, stop_reason=end, next_due_at=_with_retries(due, retries, now, False))
+            settled = replace(settled, stop_reason=end, next_due_at=with_retries(due, retries, now, False))
     return _settled_end(_failure_streak(policy, settled, outcome, run_id))
-
-
-def _retried(
-    policy: Policy,
-    state: ScheduleState,
-    outcome: RunState,
-    now: datetime,
-    run_id: str | None,
-    attempt: int,
-    scheduled_for: datetime | None,
-) -> tuple[RetryDue, ...]:
-    """The waiting retries once this run settled: its next attempt joins them if ``retry`` asks."""
-    retry = policy.retry
-    if retry is None or run_id is None or scheduled_for is None or not retry.wants(outcome, attempt):
-        return state.retries
-    again = RetryDue(
-        scheduled_for=scheduled_for, attempt=attempt + 1, retry_of=run_id, due_at=now + retry.delay(attempt)
-    )
-    return (*state.retries, again)
 
 
 def _due_after_settle(
@@ -387,16 +352,6 @@ def _due_after_settle(
     if state.ready_runs:
         return now if next_due is None else min(next_due, now)
     return next_due
-
-
-def _with_retries(
-    next_due: datetime | None, retries: tuple[RetryDue, ...], now: datetime, stopped: bool
-) -> datetime | None:
-    """A due time that also wakes the beat for the first waiting retry."""
-    if stopped or not retries:
-        return next_due
-    first = max(min(r.due_at for r in retries), now)
-    return first if next_due is None else min(next_due, first)
 
 
 #: Outcomes ``pause_on_failure`` ignores: a person or the scheduler chose them, not the task.
@@ -538,7 +493,10 @@ def on_config_change(
     fixed-delay run was settled while no period was known gets the due time it never received.
     """
     if config_changed:
-        state = _within_retry_bound(spec.policy, _within_pending_bound(spec.policy, state))
+        state = _within_pending_bound(spec.policy, state)
+        kept = within_retry_bound(spec.policy, state.retries)
+        if len(kept) != len(state.retries):
+            state = replace(state, retries=kept)
         revived = state.ended and _allows_more(spec.policy, state, now)
         if revived:
             state = replace(state, stop_reason=None, stopped=False)
@@ -601,14 +559,6 @@ def _restarted(
     wait_for_settle = state.active_runs != 0 and spec.policy.mode is Mode.FIXED_DELAY
     next_due = state.next_due_at if wait_for_settle else fresh.next_due_at
     return replace(state, grid_at=fresh.grid_at, next_due_at=next_due)
-
-
-def _within_retry_bound(policy: Policy, state: ScheduleState) -> ScheduleState:
-    """Waiting retries the changed policy no longer asks for are dropped: no ``retry`` key any
-    more, or an attempt past a lower ``max_attempts``."""
-    bound = 0 if policy.retry is None else policy.retry.max_attempts
-    kept = tuple(r for r in state.retries if r.attempt <= bound)
-    return state if len(kept) == len(state.retries) else replace(state, retries=kept)
 
 
 def pending_bound(policy: Policy) -> int:

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..core.enums import StopReason
 from ..core.partitions import slot_of
+from ..core.retries import RetryDue
 from ..core.spec import EntrySpec
-from ..core.ticks import RetryDue, ScheduleState
+from ..core.ticks import ScheduleState
 from .tables import ScheduleRow, new_incarnation
 
 #: ``origin`` of a schedule from ``beat_schedule`` / ``add_periodic_task``.

@@ -429,9 +429,9 @@ class RunLife:
         plain rows); the changes are made to it, and the caller writes them. ``attempt`` (the
         run's grid time and attempt number) lets the ``retry`` key attempt it again.
         """
-        state = state_of(row)
+        state, policy = state_of(row), Policy.from_json(row.policy)
         new = on_settle(
-            Policy.from_json(row.policy),
+            policy,
             state,
             outcome=outcome,
             elapsed_ms=elapsed,
@@ -443,15 +443,15 @@ class RunLife:
             attempt=1 if attempt is None else attempt.number,
             scheduled_for=None if attempt is None else attempt.scheduled_for,
         )
-        if new.retries != state.retries and len(new.retries) > len(state.retries):
+        if len(new.retries) > len(state.retries) and policy.retry is not None:
             again = new.retries[-1]
             logger.info(
-                "celery_boundedbeat: %s: run %s ended %s; attempt %d of %s follows at %s",
+                "celery_boundedbeat: %s: run %s ended %s; attempt %d of %d follows at %s",
                 row.name,
                 run_id,
                 outcome.value,
                 again.attempt,
-                row.policy.get("retry", {}).get("max_attempts", "?"),
+                policy.retry.max_attempts,
                 again.due_at.isoformat(timespec="milliseconds"),
             )
         if new.pause_reason is not None and row.pause_reason is None:
