@@ -50,6 +50,7 @@ from sqlalchemy import Engine, insert, select, text
 
 from celery_boundedbeat import add_schedule, remove_schedule, update_schedule
 from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.core.partitions import slot_of
 from celery_boundedbeat.core.spec import config_hash
 from celery_boundedbeat.db.definition_writes import fresh_values
 from celery_boundedbeat.db.engine import get_engine
@@ -494,6 +495,7 @@ def runtime_rows(
         yield {
             **template,
             "name": spec.name,
+            "slot": slot_of(spec.name),
             "incarnation": new_incarnation(),
             "args": [i],
             "config_hash": config_hash(spec),
@@ -530,7 +532,7 @@ def check_parity(app: Celery, store: Store) -> None:
             runtime_rows(app, 1, prefix="parity-", period=HOUR, policy=None, first_due=lambda i: due, start=7)
         )
     )
-    differ = {"created_at", "updated_at"}
+    differ = {"created_at", "updated_at", "incarnation"}  # an incarnation is random per schedule
     for column in ScheduleRow.__table__.columns:
         if column.key not in differ and getattr(real, column.key) != bulk[column.key]:
             raise SystemExit(
@@ -1425,8 +1427,17 @@ def main() -> None:
         action="store_true",
         help="scenario 4: run the change clients at the lowest CPU priority (as if on other machines)",
     )
+    parser.add_argument(
+        "--schedules",
+        type=int,
+        default=None,
+        help="scenarios 1 and 2: the number of schedules (default 100,000; 1,000,000 for the million)",
+    )
     args = parser.parse_args()
     sizes = QUICK if args.quick else Sizes()
+    if args.schedules is not None:
+        # Scenario 3 then times one tick among 1,000 and among as many schedules.
+        sizes = dataclasses.replace(sizes, schedules=args.schedules, tick_sizes=(1000, args.schedules))
     tmp = Path(tempfile.mkdtemp(prefix="bb_scale_"))
     json_path = (
         Path(args.json)
