@@ -214,8 +214,9 @@ class Housekeeping:
         A removal's notification only drops its copy when it arrives (never on SQLite); a
         beat that lives for months through per-tenant churn would otherwise keep every
         schedule it ever ran. After each tick, a cache grown by :func:`~.definitions.sweep_slack`
-        since the last sweep is swept against the schedule names (one index-only read): it
-        holds at most the schedules present at the last sweep plus that slack.
+        since the last sweep is swept against the names it holds (index reads of those names
+        alone, however many schedules the table has): it holds at most the cached schedules
+        still present at the last sweep plus that slack.
         """
         resolver = self.resolver
         if result is not None and result.outcomes:
@@ -224,7 +225,9 @@ class Housekeeping:
         if len(resolver) <= self._swept_size + sweep_slack(self._swept_live):
             return
         try:
-            live = self.store.schedule_names()
+            # Only the names this beat holds: a read that follows the cache, not the table
+            # (a million schedule names would cost a beat more memory than its whole cache).
+            live = self.store.schedule_names(among=resolver.names() | self._failing_rows)
         except Exception as exc:
             self._failed("definition sweep", exc, now)
             return

@@ -140,8 +140,8 @@ SWEEP_SLACK = 1000
 
 
 def sweep_slack(live: int) -> int:
-    """...or a tenth of the schedules present at the last sweep, so that sweeping (a read of
-    every schedule name) stays a small cost per schedule added, however many there are."""
+    """...or a tenth of the cached schedules still present at the last sweep, so that sweeping
+    (a read of the cached names) stays a small cost per schedule cached, however many there are."""
     return max(SWEEP_SLACK, live // 10)
 
 
@@ -228,3 +228,7 @@ class Resolver:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+    def names(self) -> set[str]:
+        """The schedules this resolver holds anything of: a cached copy, or a failure to build one."""
+        return set(self._cache) | set(self.unusable)

@@ -25,7 +25,7 @@ The places that take locks say "lock order" and refer here.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
@@ -420,10 +420,16 @@ class Store:
 
     # -- reads -----------------------------------------------------------------------
 
-    def schedule_names(self) -> set[str]:
-        """The name of every schedule (the primary key alone: an index-only read)."""
+    def schedule_names(self, among: Collection[str] | None = None) -> set[str]:
+        """The name of every schedule, or of those of ``among`` that exist (the primary key
+        alone: an index-only read; with ``among``, its cost follows ``among``, not the table)."""
         with self.session() as s:
-            return set(s.scalars(select(ScheduleRow.name)))
+            if among is None:
+                return set(s.scalars(select(ScheduleRow.name)))
+            found: set[str] = set()
+            for part in chunks(list(among)):
+                found.update(s.scalars(select(ScheduleRow.name).where(ScheduleRow.name.in_(part))))
+            return found
 
     def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleRow]:
         with self.session() as s:
