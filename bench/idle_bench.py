@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds after ticking (and publishing)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every case, alternating order")
     parser.add_argument("--before", help="a checkout of older code: its package runs the cases of ours too")
+    parser.add_argument("--only", help="these cases alone, comma-separated (stock,idle,in flight)")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
 
@@ -190,6 +191,9 @@ def main() -> None:
             Case("idle (before)", package=package),
             Case("in flight (before)", in_flight=True, package=package),
         ]
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")}
+        cases = [case for case in cases if case.name.removesuffix(" (before)") in wanted]
     admin = admin_connection()
     info = machine(admin)
     say(
@@ -218,7 +222,7 @@ def main() -> None:
     def mean(name: str, field: str) -> float:
         return statistics.fmean(getattr(m, field) for m in results if m.case == name)
 
-    stock = mean("stock", "beat_pct")
+    stock = mean("stock", "beat_pct") if any(c.stock for c in cases) else 0.0
     print()
     head = ("case", "beat % core", "x stock", "PG % core", "xact/min", "wakeups/min")
     print(f"{head[0]:<20} {head[1]:>12} {head[2]:>8} {head[3]:>10} {head[4]:>9} {head[5]:>12}")
@@ -230,6 +234,9 @@ def main() -> None:
             f"{mean(case.name, 'transactions_per_min'):>9.0f} {mean(case.name, 'wakeups_per_min'):>12.0f}"
         )
     for suffix in ("", " (before)") if args.before else ("",):
+        names = {f"in flight{suffix}", f"idle{suffix}"}
+        if not names <= {c.name for c in cases}:
+            continue
         flight, idle = mean(f"in flight{suffix}", "beat_pct"), mean(f"idle{suffix}", "beat_pct")
         if idle > 0:
             print(f"in flight / idle{suffix}, beat CPU: {flight / idle:.2f}")
