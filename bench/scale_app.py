@@ -34,8 +34,9 @@ def mark(event: str, *fields: Any) -> None:
     _marks.write(" ".join([event, *(str(f) for f in fields)]) + "\n")
 
 
-def config_entries(n: int, kind: str, lead: float) -> dict[str, dict[str, Any]]:
-    """``n`` entries of one hour; ours have their first runs staggered over the hour after ``lead``."""
+def config_entries(n: int, kind: str, lead: float, spread: float = 3600.0) -> dict[str, dict[str, Any]]:
+    """``n`` entries of one hour; ours have their first runs staggered over ``spread`` seconds
+    (an hour unless set) after ``lead``."""
     if kind == "stock":
         return {f"c{i:06d}": {"task": "bench.noop", "schedule": 3600.0, "args": (i,)} for i in range(n)}
     return {
@@ -43,7 +44,7 @@ def config_entries(n: int, kind: str, lead: float) -> dict[str, dict[str, Any]]:
             "task": "bench.noop",
             "schedule": 3600.0,
             "args": (i,),
-            "policy": {"initial_delay": lead + i * 3600.0 / n},
+            "policy": {"initial_delay": lead + i * spread / n},
         }
         for i in range(n)
     }
@@ -75,6 +76,7 @@ app.conf.update(
         int(os.environ.get("BENCH_CONFIG_ENTRIES", "0")),
         os.environ.get("BENCH_CONFIG_KIND", "ours"),
         float(os.environ.get("BENCH_CONFIG_LEAD", "0")),
+        float(os.environ.get("BENCH_CONFIG_SPREAD", "3600")),
     ),
 )
 celery_boundedbeat.install(app)

@@ -19,6 +19,7 @@ from ..config.settings import Settings
 from ..core.loops import Iteration, IterationRecord, IterationRecorder, OutageLog, run_recorded_iteration
 from ..core.messages import clip_error
 from ..db.alertlog import TAKE_BATCH
+from ..db.in_flight import first_published_at, in_flight
 from ..db.lease import LeaseKeeper
 from ..db.retention import purge_pass
 from ..db.store import Store, TickResult, utcnow
@@ -57,6 +58,8 @@ class Housekeeping:
     _reap_not_before: float
     _next_housekeeping_at: float
     _runs_may_be_active: bool
+    #: No run waiting published can be rejected before this (``None``: not known, look).
+    _rejectable_at: datetime | None
     _alerts_may_wait: bool
     _swept_size: int
     _swept_live: int
@@ -149,10 +152,24 @@ class Housekeeping:
         return Iteration(has_activity=purged.total > 0)
 
     def _reap(self, now: datetime) -> None:
+        """One reaper pass: a probe of the runs in flight, and the reap itself only when it can
+        settle something (:mod:`~.in_flight`).
+
+        While no run is started, none can be lost or time out, and none of those waiting
+        published can be rejected before :attr:`_rejectable_at`: the pass is the probe alone,
+        so runs waiting for a worker cost an idle beat nothing per run.
+        """
+        engine = self.store.engine
         try:
-            if not self.store.run_life.has_active_runs():
+            flight = in_flight(engine)
+            if not flight.active:
                 # Only this beat's ticks make runs active: nothing to reap until it emits again.
                 self._runs_may_be_active = False
+                self._rejectable_at = None
+                self._succeeded("reap")
+                return
+            rejecting = self._rejectable_at is None or now >= self._rejectable_at
+            if not (flight.started or rejecting):
                 self._succeeded("reap")
                 return
             settled = self.store.run_life.reap(
@@ -161,6 +178,11 @@ class Housekeeping:
                 start_timeout=self.settings.start_timeout,
                 rng=self._rng,
             )
+            if rejecting:
+                # Runs published from now on are rejectable a whole timeout from now at the
+                # earliest; the oldest left waiting, a timeout after it was published.
+                first = first_published_at(engine)
+                self._rejectable_at = min(first or now, now) + timedelta(seconds=self.settings.start_timeout)
         except Exception as exc:
             self._failed("reap", exc, now)
             return

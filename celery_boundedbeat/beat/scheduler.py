@@ -130,6 +130,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         #: Ticks failed in a row (the first is tried again at once: a cut connection).
         self._tick_failures = 0
         self._runs_may_be_active = True
+        self._rejectable_at: datetime | None = None
         self._alerts_may_wait = True
         #: Whether no tick has looked since the lease was taken (:meth:`_tick_late`).
         self._first_look = True
@@ -529,6 +530,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         if event is LeaseEvent.GAINED:
             # Another beat's runs and changes made before this term: look at everything once.
             self._stale = self._runs_may_be_active = self._alerts_may_wait = True
+            self._rejectable_at = None
             self._first_look = True
             if self._dispatch_loop is not None:
                 self._dispatch_loop.wake()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, and_, case, delete, exists, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..core.enums import ACTIVE_STATES, RunState
@@ -554,13 +554,6 @@ class RunLife:
             if done:
                 settled.append(done)
         return settled
-
-    def has_active_runs(self) -> bool:
-        """Whether any run is queued, published or started (one index probe): what the reaper
-        looks at; without any, an idle beat leaves it until it emits again."""
-        with self.db.engine.connect() as conn:
-            found = conn.scalar(select(exists().where(RunRow.state.in_([s.value for s in ACTIVE_STATES]))))
-        return bool(found)
 
     def _reapable(
         self, now: datetime, heartbeat_interval: float, start_timeout: float
