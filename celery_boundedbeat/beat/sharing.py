@@ -86,6 +86,20 @@ def keep_share(
         failed("partition renewal", turn.error)
     elif turn.members is not None:
         succeeded("partition renewal")
+    # What was given up is logged before what was won, as it happened: a beat back from a
+    # freeze lost its lapsed partitions before its renewal won some of them again.
+    renewed = turn.error is None and turn.members is not None
+    handed = turn.lost - turn.lapsed if renewed else frozenset()
+    if turn.lost - handed:
+        logger.info(
+            "celery_boundedbeat: %s gave up partition(s) %s (not renewed in time)",
+            keeper.member,
+            _listed(turn.lost - handed),
+        )
+    if handed:
+        logger.info(
+            "celery_boundedbeat: %s gave up partition(s) %s (handed over)", keeper.member, _listed(handed)
+        )
     if turn.gained:
         logger.info(
             "celery_boundedbeat: %s now ticks partition(s) %s of %d (%d beat(s) live)",
@@ -93,13 +107,6 @@ def keep_share(
             _listed(turn.gained),
             keeper.partitions,
             len(turn.members or ()),
-        )
-    if turn.lost:
-        logger.info(
-            "celery_boundedbeat: %s gave up partition(s) %s (%s)",
-            keeper.member,
-            _listed(turn.lost),
-            "handed over" if turn.error is None and turn.members is not None else "not renewed in time",
         )
     return Share(keeper.partitions, tuple(sorted(turn.acting))), turn
 

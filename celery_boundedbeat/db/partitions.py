@@ -69,6 +69,9 @@ class PartitionTurn:
     gained: frozenset[int] = frozenset()
     #: Given up to another beat (handover), or lost (refused, trust window over).
     lost: frozenset[int] = frozenset()
+    #: The part of ``lost`` whose trust window ended unrenewed (a freeze, an outage): it may
+    #: be in ``gained`` too, won again by the renewal that noticed the lapse.
+    lapsed: frozenset[int] = frozenset()
     #: The live members the renewal saw (``None``: no renewal this turn).
     members: tuple[str, ...] | None = None
     error: Exception | None = None
@@ -149,7 +152,7 @@ class PartitionKeeper:
         except Exception as exc:
             self.next_renewal_at = mono + min(1.0, self.renew_interval)
             turn = self._expire(PartitionTurn(error=exc), self._elapsed())
-            return PartitionTurn(acting=turn.acting, lost=before - self.held, error=exc)
+            return PartitionTurn(acting=turn.acting, lost=before - self.held, lapsed=turn.lapsed, error=exc)
         self._trust.dropped(before - got)
         self._trust.renewed(got, mono)
         self.held = got
@@ -157,6 +160,7 @@ class PartitionKeeper:
             acting=self._trust.acting(self._elapsed()),
             gained=got - trusted,
             lost=(before - got) | (before - trusted),
+            lapsed=before - trusted,
             members=tuple(sorted(members)),
         )
 
@@ -167,7 +171,7 @@ class PartitionKeeper:
         if gone:
             self._trust.dropped(gone)
             self.held = acting
-        return PartitionTurn(acting=acting, lost=gone, error=turn.error)
+        return PartitionTurn(acting=acting, lost=gone, lapsed=gone, error=turn.error)
 
     def seconds_to_next_look(self) -> float:
         """Seconds until a renewal is due."""

@@ -249,7 +249,8 @@ class Tracker:
         and say whether the body may run (False: another delivery started the run and may
         still be running it; this one must not run it again).
 
-        A database that cannot be asked (an outage)
+        A delivery of a run this process is running or settled recently is skipped without
+        asking. Otherwise a database that cannot be asked (an outage)
         cannot tell: the start is then recorded behind, as the outcomes are, and the body
         runs; for the next second the other starts of this process do the same, so tasks do
         not each wait for a database that is away.
@@ -258,6 +259,15 @@ class Tracker:
         """
         self._after_fork_check()
         at = utcnow()
+        if self.settings.skip_duplicate_deliveries and not retried and self._began_here(run_id):
+            # Known without asking the database, which may be away (a restart after which a
+            # dispatcher published the run again, its first publish never recorded).
+            logger.warning(
+                "celery_boundedbeat: run %s is not run again by this delivery of its message: "
+                "this process started it already",
+                run_id,
+            )
+            return False
         if not self.settings.skip_duplicate_deliveries or time.monotonic() < self._check_after:
             # The database just failed a check: tasks do not each wait for it while it is away.
             self.started(run_id, hostname, limit, at=at)
@@ -285,6 +295,11 @@ class Tracker:
             self._active.add(run_id)
         self._ensure_heartbeat()
         return True
+
+    def _began_here(self, run_id: str) -> bool:
+        """Whether this process runs the run now or settled it recently (its last 1,024)."""
+        with self._lock:
+            return run_id in self._active or run_id in self._settled_set
 
     def _duplicate(self, run_id: str, found: Begun, hostname: str, *, retried: bool) -> str | None:
         """Why a delivery whose start was not the first must not run the body (None: it may)."""

@@ -149,6 +149,26 @@ def test_a_database_that_cannot_be_asked_lets_the_body_run_and_is_not_asked_by_e
     assert asked == ["r1"]
 
 
+def test_a_run_this_process_started_is_not_run_again_even_when_the_database_cannot_be_asked(
+    store: Store, tracker: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message published again after a database restart (its publish never recorded, its
+    claim expired) reaching the process that ran it while that process cannot ask the
+    database: the process knows it started the run and does not run the body twice; a Celery
+    retry still continues it."""
+
+    def away(run_id: str, **_: object) -> Begun:
+        raise OperationalError("begin", {}, ConnectionError("the database is away"))
+
+    monkeypatch.setattr(store.run_life, "begin_run", away)
+    assert tracker.begin("r1", "w", None) is True  # written behind, the body runs
+    assert tracker.begin("r1", "w", None) is False  # still running here
+    tracker.settle("r1", RunState.COMPLETED)
+    assert tracker.begin("r1", "w", None) is False  # ran here already
+    assert tracker.begin("r1", "w", None, retried=True) is True
+    assert tracker.begin("r2", "w", None) is True
+
+
 def test_with_the_check_turned_off_every_delivery_runs_and_starts_are_written_behind(
     store: Store, tracker: Tracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

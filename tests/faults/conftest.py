@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from integration.backends import Backend, fresh_backend
+from integration.backends import AMQP_URL, PG_HOST, PG_PORT, Backend, fresh_backend, new_uid, port_open
 from integration.harness import Harness, running_harness
 
 from .support import PrivatePostgres, private_postgres
@@ -42,6 +42,38 @@ def cluster() -> Iterator[PrivatePostgres]:
         yield created
     finally:
         created.destroy()
+
+
+@pytest.fixture
+def outage_bb(cluster: PrivatePostgres, tmp_path: Path) -> Iterator[Harness]:
+    """The harness on a database of the private cluster (RabbitMQ as the broker): it may be restarted."""
+    if not port_open(PG_HOST, PG_PORT) or not port_open("127.0.0.1", 5672):
+        pytest.skip("needs RabbitMQ on 5672")
+    uid = new_uid()
+    database = f"bbout_{uid}"
+    cluster.create_database(database)
+    backend = Backend(
+        name="pg-rabbitmq",
+        tmp=tmp_path,
+        uid=uid,
+        database_url=cluster.url(database),
+        broker_url=AMQP_URL,
+        pg_database=database,
+    )
+    harness = Harness(backend, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+        try:
+            from kombu import Connection
+
+            with Connection(AMQP_URL, connect_timeout=5) as conn:
+                channel = conn.channel()
+                channel.queue_delete(harness.queue)
+                channel.exchange_delete(harness.queue)
+        except Exception:
+            pass
 
 
 @pytest.fixture

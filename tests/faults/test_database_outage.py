@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from integration.backends import AMQP_URL, PG_HOST, PG_PORT, Backend, new_uid, port_open
 from integration.harness import Harness
 
 from .conftest import Measure
@@ -27,38 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 OUTAGE = 12.0
 HEARTBEAT = 3.0
-
-
-@pytest.fixture
-def outage_bb(cluster: PrivatePostgres, tmp_path: Path) -> Iterator[Harness]:
-    """The harness on a database of the private cluster (RabbitMQ as the broker)."""
-    if not port_open(PG_HOST, PG_PORT) or not port_open("127.0.0.1", 5672):
-        pytest.skip("needs RabbitMQ on 5672")
-    uid = new_uid()
-    database = f"bbout_{uid}"
-    cluster.create_database(database)
-    backend = Backend(
-        name="pg-rabbitmq",
-        tmp=tmp_path,
-        uid=uid,
-        database_url=cluster.url(database),
-        broker_url=AMQP_URL,
-        pg_database=database,
-    )
-    harness = Harness(backend, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
-        try:
-            from kombu import Connection
-
-            with Connection(AMQP_URL, connect_timeout=5) as conn:
-                channel = conn.channel()
-                channel.queue_delete(harness.queue)
-                channel.exchange_delete(harness.queue)
-        except Exception:
-            pass
 
 
 def test_beat_dispatcher_and_workers_survive_a_database_outage(
