@@ -50,6 +50,7 @@ from sqlalchemy import Engine, insert, select, text
 
 from celery_boundedbeat import add_schedule, remove_schedule, update_schedule
 from celery_boundedbeat.config.definitions import Resolver, define
+from celery_boundedbeat.core.partitions import slot_of
 from celery_boundedbeat.core.spec import config_hash
 from celery_boundedbeat.db.definition_writes import fresh_values
 from celery_boundedbeat.db.engine import get_engine
@@ -497,6 +498,7 @@ def runtime_rows(
             "incarnation": new_incarnation(),
             "args": [i],
             "config_hash": config_hash(spec),
+            "slot": slot_of(spec.name),  # the template's would put every row in one partition
             "grid_at": due,
             "next_due_at": due,
         }
