@@ -9,6 +9,10 @@ they change nothing in how beat runs:
   ``beat_schedule`` and has run its first tick transaction).
 - ``MarkedStock`` is Celery's ``PersistentScheduler``; its first ``tick()`` return is the
   moment it is ticking (its heap of entries is built; Celery sleeps between ticks outside it).
+
+``BENCH_PUBLISH_DELAY_MS`` (``bench/partition_scaling_bench.py``) makes every task message wait
+that long before it is handed to the broker, as a slow or distant broker would: a
+``before_task_publish`` receiver, which runs in the publishing thread once per message.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ IMPORTED_AT = time.time()
 
 from typing import Any  # noqa: E402
 
-from celery import Celery  # noqa: E402
+from celery import Celery, signals  # noqa: E402
 from celery.beat import PersistentScheduler  # noqa: E402
 
 import celery_boundedbeat  # noqa: E402
@@ -80,6 +84,18 @@ app.conf.update(
     ),
 )
 celery_boundedbeat.install(app)
+_PUBLISH_DELAY = float(os.environ.get("BENCH_PUBLISH_DELAY_MS", "0")) / 1000
+
+
+def _slow_broker(**_: Any) -> None:
+    """A broker that takes a fixed time per message (a latency, not CPU: the thread sleeps)."""
+    time.sleep(_PUBLISH_DELAY)
+
+
+if _PUBLISH_DELAY > 0:  # connected only then: a receiver also turns off the framed publish path
+    signals.before_task_publish.connect(_slow_broker, weak=False)
+
+
 mark("app", f"{time.time():.6f}")
 
 

@@ -495,10 +495,10 @@ def runtime_rows(
         yield {
             **template,
             "name": spec.name,
-            "slot": slot_of(spec.name),
             "incarnation": new_incarnation(),
             "args": [i],
             "config_hash": config_hash(spec),
+            "slot": slot_of(spec.name),  # the template's would put every row in one partition
             "grid_at": due,
             "next_due_at": due,
         }

@@ -107,6 +107,10 @@ def log_schedules(config_count: int, url: str) -> None:
     logger.info("celery_boundedbeat: schedules: %s; database %s", counts, mask_url(url))
 
 
+#: Seconds a last drain cut by its grace has to record what it published (one transaction).
+CUT_WAIT = 5.0
+
+
 def last_drain(dispatcher: Dispatcher, grace: float) -> None:
     """Publish what this beat committed before it was told to stop, for ``grace`` seconds.
 
@@ -115,14 +119,21 @@ def last_drain(dispatcher: Dispatcher, grace: float) -> None:
     the broker had not taken) are published here. The drain runs in a daemon thread so a
     broker that hangs cannot hold the shutdown; whatever it leaves stays queued, not lost.
     A beat that no longer holds the lease publishes nothing (the dispatcher's ``may_run``).
+
+    At the end of the grace the batch being published stops at its next message, and the drain
+    gets ``CUT_WAIT`` more seconds to record what the broker took and give the rest back: the
+    process exits right after, and a batch left claimed would be published again by another
+    dispatcher once its claim expired.
     """
-    stop = threading.Event()
+    stop, cut = threading.Event(), threading.Event()
     drain = threading.Thread(
-        target=lambda: dispatcher.drain(stop), name="boundedbeat-last-drain", daemon=True
+        target=lambda: dispatcher.drain(stop, cut), name="boundedbeat-last-drain", daemon=True
     )
     drain.start()
     drain.join(grace)
-    stop.set()  # a drain still going stops after its current batch
+    stop.set()
+    cut.set()
+    drain.join(CUT_WAIT)
     if drain.is_alive():
         logger.warning(
             "celery_boundedbeat: the last drain did not end within %g s; the rest stays queued", grace

@@ -29,7 +29,7 @@ from ..db.claims import Claimed
 from ..db.runs import Settled
 from ..db.store import ExpiredMessage, Store, utcnow
 from .fsbroker import use_whole_files
-from .publish import CLAIM_EXPIRED, Publisher
+from .publish import CLAIM_EXPIRED, STOPPED, Publisher
 
 logger = logging.getLogger("celery_boundedbeat.dispatch")
 
@@ -101,13 +101,17 @@ class Dispatcher:
         # Wait at most half a claim for confirms: the claim must outlive the wait.
         self._publisher = Publisher(app, confirm_timeout=settings.dispatch_claim_timeout / 2)
 
-    def drain(self, shutdown: threading.Event | None = None) -> Iteration:
-        """Publish everything queued now (batch by batch); one recorded iteration."""
+    def drain(self, shutdown: threading.Event | None = None, cut: threading.Event | None = None) -> Iteration:
+        """Publish everything queued now (batch by batch); one recorded iteration.
+
+        ``shutdown`` set stops the drain after its current batch; ``cut`` set stops that batch
+        too, at its next message: what the broker took is recorded, the rest given back.
+        """
         return run_recorded_iteration(
-            "dispatch", lambda: self._drain(shutdown), logger, self.record, outage=self._outage
+            "dispatch", lambda: self._drain(shutdown, cut), logger, self.record, outage=self._outage
         )
 
-    def _drain(self, shutdown: threading.Event | None) -> Iteration:
+    def _drain(self, shutdown: threading.Event | None, cut: threading.Event | None = None) -> Iteration:
         if not self.may_run():
             return Iteration()
         rejected = self._reject_stale()
@@ -117,7 +121,7 @@ class Dispatcher:
 
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="boundedbeat-dispatch-db") as db:
-                published, error = self._publish_queued(db, stopping)
+                published, error = self._publish_queued(db, stopping, cut)
             if error is not None:
                 self._report_outage(error)
         finally:
@@ -159,7 +163,9 @@ class Dispatcher:
             )
         return [*rejected, *expired]
 
-    def _publish_queued(self, db: ThreadPoolExecutor, stopping: Callable[[], bool]) -> tuple[int, str | None]:
+    def _publish_queued(
+        self, db: ThreadPoolExecutor, stopping: Callable[[], bool], cut: threading.Event | None = None
+    ) -> tuple[int, str | None]:
         """Claim, publish and mark batch after batch; return the count published and the error.
 
         The database work between two batches (marking the one just published, claiming the
@@ -173,13 +179,13 @@ class Dispatcher:
         while batch:
             wanted = size if len(batch) == size and not stopping() else 0
             job = db.submit(self._mark_and_claim, previous, wanted)
-            done, error = self._publisher.publish(batch, deadline=deadline)
+            done, error = self._publisher.publish(batch, deadline=deadline, cut=cut)
             published += len(done)
             following, deadline = job.result()
             previous = done
             if error is not None:
                 self._settle_failed_batch(batch, done, following, error)
-                return published, None if error == CLAIM_EXPIRED else error
+                return published, None if error in (CLAIM_EXPIRED, STOPPED) else error
             batch = following
             if batch and stopping():
                 self.store.release_claims(self.name, batch, "dispatcher stopping")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
@@ -35,6 +36,9 @@ logger = logging.getLogger("celery_boundedbeat.dispatch")
 
 #: The error of a batch cut short because its claim may have passed to another dispatcher.
 CLAIM_EXPIRED = "the batch's claim expired before it was published (the dispatcher was paused)"
+
+#: The error of a batch cut short because the process is stopping (its grace is over).
+STOPPED = "the dispatcher was stopped in the middle of a batch"
 
 #: Celery's signals sent around each publish: with receivers, messages are not recorded ahead.
 _PUBLISH_SIGNALS = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
@@ -75,7 +79,12 @@ class Publisher:
         return self._confirming is not None
 
     def publish(
-        self, batch: list[Claimed], *, deadline: float = math.inf, ready: Mapping[int, Ready] | None = None
+        self,
+        batch: list[Claimed],
+        *,
+        deadline: float = math.inf,
+        ready: Mapping[int, Ready] | None = None,
+        cut: threading.Event | None = None,
     ) -> tuple[list[Claimed], str | None]:
         """Publish a batch; return the rows the broker took and the error that stopped it.
 
@@ -89,6 +98,9 @@ class Publisher:
 
         ``ready`` holds messages built ahead by :meth:`prepare` (by queue row id): those rows
         only need the broker write.
+
+        ``cut`` set (a stopping process's grace is over) stops the batch at its next message
+        (the error is :data:`STOPPED`), so what the broker took can be recorded before exit.
         """
         publisher = self._confirming
         done: list[Claimed] = []
@@ -105,7 +117,7 @@ class Publisher:
             else:
                 producing = self.app.producer_or_acquire()
             with producing as producer:
-                expired = self._publish_rows(producer, batch, cache, deadline, done, ready or {})
+                expired = self._publish_rows(producer, batch, cache, deadline, done, ready or {}, cut)
             if publisher is not None:
                 sent = len(done)
                 done = publisher.accepted(first_tag, done, wait=True)
@@ -117,7 +129,9 @@ class Publisher:
                 done = publisher.accepted(first_tag, done, wait=False)
                 publisher.close()  # the next batch starts on a fresh connection
             return done, f"{type(exc).__name__}: {exc}"
-        return done, CLAIM_EXPIRED if expired else None
+        if expired:
+            return done, STOPPED if cut is not None and cut.is_set() else CLAIM_EXPIRED
+        return done, None
 
     def _publish_rows(
         self,
@@ -127,9 +141,10 @@ class Publisher:
         deadline: float,
         done: list[Claimed],
         ready: Mapping[int, Ready],
+        cut: threading.Event | None = None,
     ) -> bool:
         """Publish chunk after chunk, appending each flushed chunk to ``done``; True when the
-        deadline cut it short.
+        deadline (or ``cut``) cut it short.
 
         Each chunk goes through kombu's ``Producer.batch()``: on Redis one pipelined round trip
         instead of one per message (a third of the time per message), elsewhere message by
@@ -152,7 +167,9 @@ class Publisher:
             # Room for every command a chunk can need (a queue with an expiry adds a command per
             # priority step): nothing is flushed before the chunk is complete.
             with _publish_batch(producer):
-                expired = self._publish_chunk(producer, rows, cache, deadline, chunk, ready, framer, declared)
+                expired = self._publish_chunk(
+                    producer, rows, cache, deadline, chunk, ready, framer, declared, cut
+                )
             done.extend(chunk)
             if expired:
                 return True
@@ -168,6 +185,7 @@ class Publisher:
         ready: Mapping[int, Ready],
         framer: Framer | None,
         declared: set[str],
+        cut: threading.Event | None = None,
     ) -> bool:
         """Publish ``rows`` into ``chunk``; frames built ahead go out in one write per run of them."""
         frames: list[bytes] = []
@@ -175,7 +193,7 @@ class Publisher:
         handed = self.handed
         expired = False
         for row in rows:
-            if monotonic() >= deadline:
+            if monotonic() >= deadline or (cut is not None and cut.is_set()):
                 expired = True
                 break
             built = ready.get(row.id)
