@@ -418,10 +418,20 @@ class Beat:
 
     def problems(self) -> list[str]:
         text_ = self.log.read_text(errors="replace") if self.log.exists() else ""
+        lines = text_.splitlines()
+        # Each error line, and the exception that ends its traceback (the line that says why).
         return [
             line
-            for line in text_.splitlines()
-            if "ERROR/" in line or "CRITICAL/" in line or line.startswith("Traceback")
+            for i, line in enumerate(lines)
+            if "ERROR/" in line
+            or "CRITICAL/" in line
+            or (
+                line
+                and not line[0].isspace()
+                and not line.startswith(("Traceback", "[", "The above", "During handling"))
+                and i > 0
+                and lines[i - 1].startswith("    ")
+            )
         ]
 
     def stop(self, timeout: float = 90.0) -> float:
