@@ -8,7 +8,6 @@ in any offset as the same instant, text with the characters ``COPY`` escapes kep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 
@@ -112,13 +111,6 @@ def test_rows_with_other_columns_are_refused_on_postgres(migrated_postgres_url: 
             assert s.scalar(select(func.count()).select_from(QueueRow)) == 0
     finally:
         dispose_all()
-
-
-@pytest.fixture
-def pg_store(migrated_postgres_url: str) -> Iterator[Store]:
-    engine = get_engine(migrated_postgres_url)
-    yield Store(engine)
-    dispose_all()
 
 
 def test_a_document_insert_reads_back_as_the_core_insert_writes_it(store: Store) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -33,12 +32,8 @@ def spec(name: str, schedule: float = 10, **raw: Any) -> EntrySpec:
 
 
 @pytest.fixture
-def store(migrated_postgres_url: str) -> Iterator[Store]:
-    engine = get_engine(migrated_postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        dispose_all()
+def store(pg_store: Store) -> Store:
+    return pg_store
 
 
 def setup(store: Store, *items: EntrySpec) -> dict[str, EntrySpec]:

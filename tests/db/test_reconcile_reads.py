@@ -8,7 +8,6 @@ idle, so the beat's start failed and retried (``bench/scale_bench.py --schedules
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from sqlalchemy import event, insert
 from celery_boundedbeat.config.entries import parse_entry
 from celery_boundedbeat.core.spec import Definition, EntrySpec
 from celery_boundedbeat.db.definition_writes import fresh_values
-from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.row_state import RUNTIME
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import ScheduleRow, new_incarnation
@@ -33,17 +31,9 @@ def spec(name: str) -> EntrySpec:
     return built
 
 
-@pytest.fixture
-def store(migrated_postgres_url: str) -> Iterator[Store]:
-    engine = get_engine(migrated_postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        dispose_all()
-
-
 @pytest.mark.postgres
-def test_a_reconcile_reads_the_config_rows_and_clashing_names_alone(store: Store) -> None:
+def test_a_reconcile_reads_the_config_rows_and_clashing_names_alone(pg_store: Store) -> None:
+    store = pg_store
     template = fresh_values(Definition.of(spec("tenant")), T0, RNG, origin=RUNTIME, last_run_at=None)
     with store.session() as s:
         s.execute(

@@ -18,7 +18,6 @@ from celery_boundedbeat.core.enums import RunState
 from celery_boundedbeat.core.messages import RUN_HEADER, SCHEDULE_HEADER
 from celery_boundedbeat.core.spec import EntrySpec
 from celery_boundedbeat.core.ticks import MAX_QUEUED_TRIGGERS, UNUSABLE_RETRY, TriggerRefused
-from celery_boundedbeat.db.engine import dispose_all, get_engine
 from celery_boundedbeat.db.store import Store
 from celery_boundedbeat.db.tables import QueueRow, RunRow, ScheduleRow
 
@@ -362,16 +361,6 @@ def test_concurrent_claimers_never_share_a_row(store: Store) -> None:
     ids = [i for mine in got for i in mine]
     assert len(ids) == 40
     assert len(set(ids)) == 40
-
-
-@pytest.fixture
-def pg_store(migrated_postgres_url: str) -> Iterator[Store]:
-    """A migrated store on a fresh PostgreSQL database (for PostgreSQL-only behaviour)."""
-    engine = get_engine(migrated_postgres_url)
-    try:
-        yield Store(engine)
-    finally:
-        dispose_all()
 
 
 @pytest.mark.postgres
