@@ -422,6 +422,9 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
         send_signals(on_ticked(prepared.outcomes, due))
         if failed and self._dispatch_loop is not None:
             self._dispatch_loop.wake()
+        # As after a regular tick: a beat catching up through prepared ticks (a million
+        # schedules overdue) otherwise kept every definition it ticked.
+        self._sweep_definitions(utcnow(), prepared)
 
     def _reconcile(self) -> bool:
         """Once per lease taken: bring the schedule rows in line with ``beat_schedule``.

@@ -444,13 +444,26 @@ def test_a_stop_signal_in_a_ticks_transaction_closes_after_the_transaction_is_go
     assert scheduler._closed
 
 
-def test_a_beat_keeps_in_memory_only_the_definitions_of_schedules_due_soon(sqlite_url: str) -> None:
+@pytest.mark.parametrize("ticks", ["regular", "prepared"])
+def test_a_beat_keeps_in_memory_only_the_definitions_of_schedules_due_soon(
+    ticks: str, sqlite_url: str, postgres_url: str
+) -> None:
     """Schedules ticked and next due later than the horizon are dropped from the cache, then
-    rebuilt from their rows when due again; those due soon stay."""
+    rebuilt from their rows when due again; those due soon stay.
+
+    Whether the beat ticks them in regular ticks (SQLite) or publishes them itself through
+    prepared ticks (PostgreSQL, its first look and every look behind its due times: a beat
+    catching up on a million overdue schedules kept every definition it ticked that way).
+    """
     from celery_boundedbeat import add_schedule
 
-    app = _app(sqlite_url, boundedbeat_dispatch_enabled=False, boundedbeat_poll_interval=0.05)
+    if ticks == "regular":
+        app = _app(sqlite_url, boundedbeat_dispatch_enabled=False, boundedbeat_poll_interval=0.05)
+    else:
+        app = _app(postgres_url, boundedbeat_auto_migrate=True, boundedbeat_prepare_ahead=0.5)
     scheduler = Scheduler(app)
+    if ticks == "prepared":
+        assert scheduler._ahead is not None, "this beat ticks through prepared ticks"
     try:
         hourly = [f"hourly-{n}" for n in range(20)]
         for name in hourly:
