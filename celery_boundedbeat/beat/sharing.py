@@ -33,20 +33,25 @@ logger = logging.getLogger("celery_boundedbeat")
 #: The longest a partitioned beat waits after a tick before the next (seconds): the most a
 #: run due meanwhile is published later than it would be by ticking at once.
 MAX_GATHER = 0.1
+#: The least a tick is counted as lasting when working out the wait: on an idle machine a
+#: tick of a few runs takes a few milliseconds, and two beats waiting that little ticked back
+#: to back, each far more often than one beat alone.
+MIN_TICK = 0.025
 
 
 def gather_for(share: Share | None, took: float) -> float:
     """Seconds to wait after a tick that took ``took`` seconds before ticking the share again.
 
-    A beat holding ``1/k`` of the partitions waits ``k - 1`` ticks' time (at most
-    :data:`MAX_GATHER`): ``k`` such beats, each ticking every ``k`` tick times, tick about as
-    often together as one beat holding every partition, which ticks back to back under load.
+    A beat holding ``1/k`` of the partitions waits ``k - 1`` ticks' time (a tick counted as
+    at least :data:`MIN_TICK`, the wait at most :data:`MAX_GATHER`): ``k`` such beats, each
+    ticking every ``k`` tick times, tick about as often together as one beat holding every
+    partition, which ticks back to back under load.
     Nothing to wait with one beat, or with no partition (or none to share).
     """
     if share is None or not share.mine:
         return 0.0
     beats = share.count / len(share.mine)
-    return min(MAX_GATHER, max(0.0, (beats - 1) * took))
+    return min(MAX_GATHER, max(0.0, (beats - 1) * max(took, MIN_TICK)))
 
 
 class BeatShare:
