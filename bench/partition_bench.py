@@ -109,6 +109,8 @@ class Snap:
     total: float
     runs: int
     published: int
+    #: Transactions committed in the configuration's database (``pg_stat_database``).
+    commits: int
 
 
 @dataclass(kw_only=True)
@@ -189,6 +191,8 @@ def snap(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], cfg: Con
     counts = conn.execute("SELECT count(*), count(published_at) FROM boundedbeat_runs").fetchone()
     assert counts is not None
     busy, total = machine_busy()
+    stat = "SELECT xact_commit FROM pg_stat_database WHERE datname = %s"
+    commits = admin.execute(stat, [cfg.db]).fetchone()
     return Snap(
         t=time.time(),
         beats=[proc_cpu(p.pid) for p in cfg.procs],
@@ -198,7 +202,25 @@ def snap(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any], cfg: Con
         total=total,
         runs=int(counts[0]),
         published=int(counts[1]),
+        commits=int(commits[0]) if commits else 0,
     )
+
+
+#: Publish time minus scheduled time of the runs published in a window (ms): p50, p99, max.
+DRIFT = (
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP "
+    "(ORDER BY d), max(d), min(d) FROM (SELECT extract(epoch FROM published_at - scheduled_for) * 1000 "
+    "AS d FROM boundedbeat_runs WHERE published_at >= %s AND published_at < %s) AS w"
+)
+
+
+def drift(conn: psycopg.Connection[Any], a: Snap, b: Snap) -> dict[str, float]:
+    """Drift of the runs published in the window: never negative (nothing early), small."""
+    since, until = (datetime.fromtimestamp(s.t, UTC) for s in (a, b))
+    row = conn.execute(DRIFT, [since, until]).fetchone()
+    assert row is not None
+    names = ("p50", "p99", "max", "min")
+    return {k: float(v) if v is not None else float("nan") for k, v in zip(names, row, strict=True)}
 
 
 def figures(a: Snap, b: Snap, cfg: Config, plan: Plan) -> dict[str, Any]:
@@ -230,6 +252,7 @@ def figures(a: Snap, b: Snap, cfg: Config, plan: Plan) -> dict[str, Any]:
         "machine_pct": machine_pct,
         "other_pct": max(machine_pct - (sum(beat_cpu) + pg_cpu) / elapsed * 100, 0.0),
         "ticks_per_s_each": [n / elapsed for n in ticks],
+        "commits_per_run": (b.commits - a.commits) / runs if runs else float("nan"),
         "tick_transaction_ms_mean": statistics.fmean(tick_s) * 1000 if tick_s else float("nan"),
         "loadavg": os.getloadavg(),
     }
@@ -252,8 +275,11 @@ def run_config(admin: psycopg.Connection[Any], cfg: Config, plan: Plan) -> dict[
             a = snap(admin, conn, cfg)
             sleep_until(start + plan.seconds)
             b = snap(admin, conn, cfg)
+            time.sleep(1.0)  # the window's last runs are published
+            late = drift(conn, a, b)
         after = live_beats(cfg)
         out = figures(a, b, cfg, plan)
+        out["drift_ms"] = late
         out["shares"] = {s["id"]: len(s["partitions"]) for s in shares}
         owners = [{s["id"]: s["partitions"] for s in found} for found in (shares, after)]
         out["membership_stable"] = owners[0] == owners[1]
@@ -289,6 +315,10 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "beat_pct": statistics.fmean(r["beat_pct"] for r in mine),
                 "machine_pct": statistics.fmean(r["machine_pct"] for r in mine),
                 "ticks_per_s": statistics.fmean(sum(r["ticks_per_s_each"]) for r in mine),
+                "commits_per_run": statistics.fmean(r["commits_per_run"] for r in mine),
+                "drift_p50": statistics.fmean(r["drift_ms"]["p50"] for r in mine),
+                "drift_p99": statistics.fmean(r["drift_ms"]["p99"] for r in mine),
+                "drift_min": min(r["drift_ms"]["min"] for r in mine),
             }
         )
     base = next((r["cpu_per_1000"] for r in rows if r["beats"] == 1 and r["partitions"] > 1), None)
@@ -306,10 +336,10 @@ def print_summary(rows: list[dict[str, Any]], plan: Plan) -> None:
     head = (
         "| beats | P | beat CPU s / 1,000 runs (rounds) | ratio to 1 beat | runs/s "
         "| beats % core | of it main thread / others per 1,000 runs | PostgreSQL CPU s / 1,000 runs "
-        "| ticks/s (all beats) | machine % busy |"
+        "| ticks/s (all beats) | commits / run | drift p50 / p99 ms (min) | machine % busy |"
     )
     print(head)
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         each = ", ".join(f"{v:.3f}" for v in r["rounds"])
         print(
@@ -317,7 +347,9 @@ def print_summary(rows: list[dict[str, Any]], plan: Plan) -> None:
             f"| {r['runs_per_s']:,.0f} | {r['beat_pct']:.0f} % "
             f"| {r['main_per_1000']:.3f} / {r['cpu_per_1000'] - r['main_per_1000']:.3f} "
             f"| {r['pg_per_1000']:.3f} "
-            f"| {r['ticks_per_s']:.1f} | {r['machine_pct']:.0f} % |"
+            f"| {r['ticks_per_s']:.1f} | {r['commits_per_run']:.2f} "
+            f"| {r['drift_p50']:.0f} / {r['drift_p99']:.0f} ({r['drift_min']:.0f}) "
+            f"| {r['machine_pct']:.0f} % |"
         )
 
 

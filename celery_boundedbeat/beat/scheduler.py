@@ -27,7 +27,7 @@ import logging
 import random
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery, beat
@@ -51,7 +51,7 @@ from .ahead import AheadTicker
 from .exporter import MetricsExporter, serve_metrics
 from .housekeeping import FULL_LOOK_EVERY, Housekeeping, reaper_grace
 from .notices import log_lease_event, log_stopped, log_tick
-from .sharing import BeatShare
+from .sharing import BeatShare, gather_for
 from .startup import (
     EX_CONFIG,
     EX_UNAVAILABLE,
@@ -292,6 +292,8 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             # runs keeps the flag and is acted on at the next look, not at the backstop.
             self._stale = False
             result = self._emit_due(now, share)
+            if result is not None and result.emitted:
+                self._gather(result, share, time.monotonic() - mono)
             if result is None:
                 self._stale = True
                 if self._tick_failures == 1:
@@ -315,7 +317,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             result = TickResult(now=now, next_due_at=self._known_due)  # nothing can be due yet
         if leading:
             self._housekeep(mono, now)
-        wait = min(self._next_wait(result, wait), self._share.seconds_to_next_look())
+        wait = min(self._next_wait(result, wait, leading=leading), self._share.seconds_to_next_look())
         if not self._tick_ahead(result, wait):
             self._wait(wait)
         return 0
@@ -341,6 +343,18 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             self._next_full_look_at = mono + FULL_LOOK_EVERY
             return True
         return self._known_due is not None and self._known_due <= now
+
+    @staticmethod
+    def _gather(result: TickResult, share: Share | None, took: float) -> None:
+        """A partitioned beat's next tick comes no sooner than :func:`.sharing.gather_for` says.
+
+        Its next due time is put off until then, unless the tick was a full batch (a backlog is
+        ticked at once): the rows falling due meanwhile go in that tick, never earlier.
+        """
+        due = result.next_due_at
+        gather = gather_for(share, took)
+        if due is not None and gather > 0:
+            result.next_due_at = max(due, utcnow() + timedelta(seconds=gather))
 
     def _tick_ahead(self, result: TickResult | None, wait: float) -> bool:
         """Prepare the next tick if it falls due within ``wait`` (:mod:`.prepared`).
@@ -494,8 +508,13 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
     def _log_tick(self, result: TickResult) -> None:
         log_tick(result, self._failing_rows)
 
-    def _next_wait(self, result: TickResult | None, wait: float) -> float:
-        """Seconds until the next reason to look: a due schedule, the lease, the reaper."""
+    def _next_wait(self, result: TickResult | None, wait: float, *, leading: bool = True) -> float:
+        """Seconds until the next reason to look: a due schedule, the lease, the reaper.
+
+        A partitioned beat that does not hold the lease has no reaper to run and only its next
+        attempt at the lease to keep: counting the leader's reasons, which are always due for
+        it, it looked again at once and spun a whole core between its ticks.
+        """
         if result is not None and result.next_due_at is not None:
             until_due = (result.next_due_at - utcnow()).total_seconds()
             if result.emitted and len(result.outcomes) >= self.settings.tick_batch_size:
@@ -504,6 +523,8 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
                 until_due = wait  # still due after a tick that looked at it: do not spin
             # A row due after the tick's ``now`` fell due while it ran: look again at once.
             wait = min(wait, max(until_due, 0.0))
+        if not leading:
+            return min(wait, max(self.lease.seconds_to_renewal(), 0.0))
         return min(wait, self.lease.seconds_to_next_look(), max(self._next_reap_at - time.monotonic(), 0.0))
 
     def _wait(self, seconds: float) -> None:

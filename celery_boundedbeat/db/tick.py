@@ -161,6 +161,10 @@ class Share:
 
     count: int
     mine: tuple[int, ...]
+    #: Whether a tick that queued runs wakes every dispatcher (``NOTIFY``). A beat whose own
+    #: dispatcher publishes them wakes that one directly: with several beats, each tick
+    #: otherwise woke every beat's dispatcher into a claim that mostly found nothing.
+    wake_dispatchers: bool = True
 
     def params(self) -> dict[str, Any]:
         return {"nparts": self.count, "parts": list(self.mine)}
@@ -425,6 +429,7 @@ def _write_tick(
         insert_document(driver, RUNS, decided.runs)
         if decided.queue:
             insert_document(driver, QUEUE, decided.queue)
+        if decided.queue and (share is None or share.wake_dispatchers):
             woken = {"c": QUEUE_CHANNEL, **(share.params() if share else {})}
             (found,) = driver.one(_next_due_sql(share is not None, True), woken, _DUE_AT)[:1]
         else:
