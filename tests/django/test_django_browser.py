@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,19 +98,33 @@ def log_in(browser: Any, live_server: str, username: str) -> None:
     browser.find_element(By.NAME, "username").send_keys(username)
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # Wait for the page the login redirects to. The login page's own address ends with
+    # ``?next=SCHEDULES`` too, so a check of the address alone passed while the form was still
+    # posting, and the next page asked for could be overtaken by the redirect (a loaded machine).
+    open_page(browser, None, "#user-tools", wait_for=lambda b: "/login/" not in b.current_url)
     assert browser.current_url.endswith(SCHEDULES), browser.current_url
 
 
-def open_page(browser: Any, url: str, expect: str, timeout: float = 15) -> None:
-    """Load ``url`` and wait until an element matching ``expect`` is there (a loaded CI machine
-    can be slow to hand the page over); fails with what the page shows instead."""
+def open_page(
+    browser: Any,
+    url: str | None,
+    expect: str,
+    timeout: float = 15,
+    wait_for: Callable[[Any], bool] = lambda b: True,
+) -> None:
+    """Load ``url`` (``None``: the page the browser is going to) and wait until an element
+    matching ``expect`` is there and ``wait_for`` holds (a loaded CI machine can be slow to hand
+    the page over); fails with what the page shows instead."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get(url)
+    if url is not None:
+        browser.get(url)
     try:
-        WebDriverWait(browser, timeout).until(lambda b: b.find_elements(By.CSS_SELECTOR, expect))
+        WebDriverWait(browser, timeout).until(
+            lambda b: wait_for(b) and b.find_elements(By.CSS_SELECTOR, expect)
+        )
     except TimeoutException:
         body = browser.find_element(By.TAG_NAME, "body").text[:600]
         where = f"{browser.current_url} ({browser.title!r})"
