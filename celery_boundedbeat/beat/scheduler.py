@@ -27,7 +27,7 @@ import logging
 import random
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from celery import Celery, beat
@@ -51,7 +51,7 @@ from .ahead import AheadTicker
 from .exporter import MetricsExporter, serve_metrics
 from .housekeeping import FULL_LOOK_EVERY, Housekeeping, reaper_grace
 from .notices import log_lease_event, log_stopped, log_tick
-from .sharing import BeatShare, gather_for
+from .sharing import BeatShare, gather
 from .startup import (
     EX_CONFIG,
     EX_UNAVAILABLE,
@@ -293,7 +293,7 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             self._stale = False
             result = self._emit_due(now, share)
             if result is not None and result.emitted:
-                self._gather(result, share, time.monotonic() - mono)
+                gather(result, share, time.monotonic() - mono)
             if result is None:
                 self._stale = True
                 if self._tick_failures == 1:
@@ -343,18 +343,6 @@ class Scheduler(Housekeeping, beat.Scheduler):  # type: ignore[misc]
             self._next_full_look_at = mono + FULL_LOOK_EVERY
             return True
         return self._known_due is not None and self._known_due <= now
-
-    @staticmethod
-    def _gather(result: TickResult, share: Share | None, took: float) -> None:
-        """A partitioned beat's next tick comes no sooner than :func:`.sharing.gather_for` says.
-
-        Its next due time is put off until then, unless the tick was a full batch (a backlog is
-        ticked at once): the rows falling due meanwhile go in that tick, never earlier.
-        """
-        due = result.next_due_at
-        gather = gather_for(share, took)
-        if due is not None and gather > 0:
-            result.next_due_at = max(due, utcnow() + timedelta(seconds=gather))
 
     def _tick_ahead(self, result: TickResult | None, wait: float) -> bool:
         """Prepare the next tick if it falls due within ``wait`` (:mod:`.prepared`).

@@ -22,10 +22,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 
 from ..config.settings import Settings
 from ..db.partitions import PartitionKeeper, PartitionRows, PartitionTurn
-from ..db.store import Store, utcnow
+from ..db.store import Store, TickResult, utcnow
 from ..db.tick import Share
 
 logger = logging.getLogger("celery_boundedbeat")
@@ -52,6 +53,18 @@ def gather_for(share: Share | None, took: float) -> float:
         return 0.0
     beats = share.count / len(share.mine)
     return min(MAX_GATHER, max(0.0, (beats - 1) * max(took, MIN_TICK)))
+
+
+def gather(result: TickResult, share: Share | None, took: float) -> None:
+    """Put a partitioned beat's next tick off until :func:`gather_for` has passed.
+
+    A tick that was a full batch is still followed at once (the beat's wait sees a backlog):
+    the rows falling due meanwhile go in the next tick, never earlier.
+    """
+    due = result.next_due_at
+    wait = gather_for(share, took)
+    if due is not None and wait > 0:
+        result.next_due_at = max(due, utcnow() + timedelta(seconds=wait))
 
 
 class BeatShare:
